@@ -1,0 +1,11 @@
+"""The local testbed (`m3deploy testbed up N`): simulated hosts, no GPU, Dynamo's mocker engine.
+Same services, ports, env, ordering and readiness as a GPU cluster; only the worker argv differs."""
+
+m3_cluster = "testbed"
+m3_platform = "sim"
+m3_variant = "bf16"
+m3_parallel = "tp1"
+m3_engine = "mocker"
+m3_serving = "dynamo"
+m3_features = []
+m3_mocker_speedup_ratio = 10

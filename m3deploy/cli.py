@@ -1,0 +1,166 @@
+"""`m3deploy`: see the plan, validate it, run the testbed, preflight and verify."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import click
+
+from .errors import M3Error, ValidationError
+
+
+def _parse_data(items) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--data")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def load_plan(inventory: str, data=()):
+    from . import plan as planmod
+    from pathlib import Path
+
+    hosts = planmod.load_inventory(inventory, override_data=_parse_data(data))
+    return planmod.build(hosts, name=Path(inventory).stem)
+
+
+def fail(e: Exception) -> None:
+    if isinstance(e, ValidationError):
+        click.echo(f"invalid cluster plan ({len(e.problems)} problem{'s' if len(e.problems) != 1 else ''}):", err=True)
+        for p in e.problems:
+            click.echo(f"  - {p}", err=True)
+    else:
+        click.echo(f"error: {e}", err=True)
+    sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="m3deploy")
+def main():
+    """Provision, launch and verify MiniMax-M3 on GPU clusters (and on a local testbed)."""
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--host", "only_host", help="Only this host.")
+@click.option("--explain", is_flag=True, help="Say which recipe layer set each flag, env var and image.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def plan(inventory, only_host, explain, as_json, data):
+    """Print, per host, the services and the exact commands they will run."""
+    try:
+        p = load_plan(inventory, data)
+    except M3Error as e:
+        fail(e)
+    if only_host and only_host not in {h.name for h in p.hosts}:
+        fail(M3Error(f"host {only_host!r} is not in {inventory}; hosts: {', '.join(h.name for h in p.hosts)}"))
+    if as_json:
+        d = p.to_dict()
+        if only_host:
+            d["hosts"] = {only_host: d["hosts"][only_host]}
+        click.echo(json.dumps(d, indent=2, sort_keys=False))
+        return
+    click.echo(render_text(p, only_host, explain))
+
+
+def render_text(p, only_host=None, explain=False) -> str:
+    out = [f"# cluster {p.name}: MiniMax-M3 {p.variant} ({p.model_id}) on {p.platform}, {p.parallel}, "
+           f"engine {p.engine}, serving {p.serving}",
+           f"# features: {', '.join(p.features) or '-'}",
+           f"# endpoint: {p.endpoint}   served model: {p.served_model_name}"]
+    if p.serving == "dynamo":
+        out.append(f"# etcd: {p.etcd_endpoints}   nats: {p.nats_server}   dynamo {p.dynamo_version} in {p.venv}")
+    for w in p.workers:
+        out.append(f"# worker {w.index}: {' -> '.join(w.services)} (tp {w.tensor_parallel}, dp {w.data_parallel}, "
+                   f"{w.gpus_per_rank} GPU(s) per rank)")
+    for h in p.hosts:
+        if only_host and h.name != only_host:
+            continue
+        gpu = f", {h.gpus} x {h.gpu_model}" if h.gpus else ""
+        out.append("")
+        out.append(f"## {h.name} ({h.address}) [{', '.join(h.groups)}] {h.platform}{gpu}")
+        for s in h.services:
+            out.append("")
+            ports = ", ".join(f"{pt.name} {pt.address}:{pt.port}" for pt in s.ports)
+            rd = s.readiness
+            ready = ""
+            if rd:
+                ready = {"http": f"GET {rd.url}", "tcp": f"tcp {rd.address}:{rd.port}",
+                         "process": "unit active"}.get(rd.kind, rd.kind) + f" within {rd.timeout_s}s"
+            out.append(f"### {s.unit}  ({s.kind}{', rank %d/%d' % (s.rank, s.nnodes) if s.nnodes > 1 else ''})")
+            if s.image:
+                out.append(f"# image: {s.image}" + (f" (built FROM {s.base_image} + ai-dynamo wheels)" if s.base_image else ""))
+            if ports:
+                out.append(f"# ports: {ports}")
+            if ready:
+                out.append(f"# ready: {ready}")
+            if s.after:
+                out.append(f"# after: {', '.join(s.after)}")
+            out += [f"export {k}={shlex.quote(v)}" for k, v in s.env]
+            out += [f"export {k}=<secret:{n}>  # filled on the host from a 0600 file" for k, n in s.secret_env]
+            out.append(pretty_service(s))
+            if explain and s.provenance:
+                out.append("# explain:")
+                width = max(len(pv.key) for pv in s.provenance)
+                for pv in s.provenance:
+                    val = "(removed)" if pv.value is None and pv.key.startswith("env:") else (pv.value or "")
+                    out.append(f"#   {pv.key.ljust(width)}  {val[:60]:60}  <- {pv.layer} ({pv.source})")
+    return "\n".join(out)
+
+
+def pretty_command(argv) -> str:
+    """Shell-quoted, one flag (with its value) per line: copy-pasteable."""
+    lines: list[list[str]] = [[]]
+    for tok in argv:
+        if tok.startswith("-") and lines[-1]:
+            lines.append([])
+        lines[-1].append(shlex.quote(tok))
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
+def pretty_service(s) -> str:
+    if not s.image:
+        return pretty_command(s.argv)
+    head = s.command[: len(s.command) - len(s.argv) - 1]
+    return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv)])
+
+
+@main.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def validate(inventory, data):
+    """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+    try:
+        p = load_plan(inventory, data)
+    except M3Error as e:
+        fail(e)
+    n = sum(len(h.services) for h in p.hosts)
+    click.echo(f"{inventory}: valid ({len(p.hosts)} hosts, {len(p.workers)} workers, {n} services)")
+
+
+def _register_optional():
+    """Subcommands that live in their own modules (testbed, preflight, verify)."""
+    for mod, attr in (("m3deploy.testbed.cli", "testbed"), ("m3deploy.preflight", "preflight"),
+                      ("m3deploy.verify", "verify")):
+        try:
+            module = __import__(mod, fromlist=[attr])
+        except ImportError as e:
+            if mod not in str(e) and mod.rsplit(".", 1)[-1] not in str(e):
+                raise
+            continue
+        cmd = getattr(module, attr, None)
+        if cmd is not None:
+            main.add_command(cmd)
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The plan's data model: frozen dataclasses, no pyinfra, no I/O.
+
+Everything a role renders or a check verifies is read from these objects.
+`m3deploy.plan.build()` makes them; `ClusterPlan.to_dict()` is what `m3deploy plan --json` prints.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str  # "http", "system", "kv-events", "nixl", "etcd-client", ...
+    port: int
+    address: str  # the address it binds to (the host's cluster address, or "0.0.0.0" when asked)
+    protocol: str = "tcp"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How to know a service is ready: polled, never slept."""
+
+    kind: str  # "http" (GET url answers `expect`), "tcp" (port accepts), "process" (unit active)
+    url: str = ""  # for http
+    address: str = ""  # for tcp
+    port: int = 0  # for tcp
+    expect_status: int = 200
+    expect_json: tuple[tuple[str, Any], ...] = ()  # e.g. (("health", "true"),) for etcd
+    timeout_s: int = 60
+    interval_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Which recipe layer set a value (`m3deploy plan --explain`)."""
+
+    key: str  # "--block-size", "env:VLLM_ROCM_USE_AITER", "image", "docker:--ipc"
+    value: str | None
+    layer: str  # "base", "variant:nvfp4", "platform:gb200", "cluster:m3_extra_args", "facts:rdma"
+    source: str  # the file the layer lives in, e.g. "m3deploy/recipes/30-platforms.yaml"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str  # systemd unit name without ".service": "etcd", "nats", "m3-frontend", "m3-worker@0"
+    kind: str  # "etcd" | "nats" | "frontend" | "worker"
+    host: str
+    argv: tuple[str, ...]  # the program's own argv (inside the container when image is set)
+    env: tuple[tuple[str, str], ...] = ()  # ordered; written to the 0600 env file
+    secret_env: tuple[tuple[str, str], ...] = ()  # (ENV_NAME, secret name); filled on the host from
+    #                                               the controller's 0600 secrets, never in the plan
+    image: str | None = None  # container image; None = native process
+    base_image: str | None = None  # when set, `image` is built on the host FROM base_image + Dynamo wheels (offline)
+    docker_args: tuple[str, ...] = ()  # `docker run` flags before the image (vendor device flags, mounts)
+    ports: tuple[Port, ...] = ()
+    readiness: Readiness | None = None
+    after: tuple[str, ...] = ()  # "host/service" that must be ready first
+    env_file: str = ""  # /etc/m3/<name>.env
+    workdir: str = ""
+    # worker-only
+    worker: int = -1  # index of the logical worker (engine instance) this rank belongs to
+    rank: int = 0  # node rank inside a multi-host worker
+    nnodes: int = 1
+    devices: tuple[int, ...] = ()  # GPU indices on the host
+    provenance: tuple[Provenance, ...] = ()
+
+    @property
+    def unit(self) -> str:
+        return f"{self.name}.service"
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The full command the unit runs: `docker run ... IMAGE argv` or argv."""
+        if not self.image:
+            return self.argv
+        return ("docker", "run", "--rm", "--name", self.name.replace("@", "-"), *self.docker_args,
+                "--env-file", self.env_file, self.image, *self.argv)
+
+    def shell(self) -> str:
+        """Copy-pasteable shell: env exports, then the command, shell-quoted."""
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env]
+        lines += [f"export {k}=<secret:{s}>" for k, s in self.secret_env]
+        lines.append(shlex.join(self.argv if self.image else self.command))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str  # inventory name
+    address: str  # cluster address (binds, advertised addresses, --master-addr)
+    groups: tuple[str, ...]  # "control", "workers"
+    platform: str = ""  # "h200", "gb200", "mi355x", "sim", "" for control-only hosts
+    gpu_vendor: str = ""  # "nvidia" | "amd" | "" (control / sim)
+    gpu_model: str = ""  # what the facts must report, e.g. "NVIDIA H200", "AMD Instinct MI355X"
+    gpus: int = 0  # GPUs this host must have
+    gpu_memory_gb: int = 0
+    interface: str = ""  # cluster interface (NCCL/GLOO socket ifname) when known
+    weights_dir: str = ""  # where weights go on this host (the HF cache the containers mount)
+    weights_gb: int = 0  # disk needed for the variant's weights
+    shm_min_gb: int = 0
+    needs_rdma: bool = False  # a worker on this host spans hosts
+    services: tuple[Service, ...] = ()  # in start order
+    data: tuple[tuple[str, Any], ...] = ()  # the m3_* data the plan read for this host (for reports)
+
+    def service(self, name: str) -> Service:
+        for s in self.services:
+            if s.name == name:
+                return s
+        raise KeyError(f"host {self.name} has no service {name!r}")
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One engine instance (one `vllm serve`/`dynamo.vllm`/mocker), possibly over several hosts."""
+
+    index: int
+    hosts: tuple[str, ...]  # rank order; hosts[0] is rank 0
+    tensor_parallel: int
+    data_parallel: int
+    gpus_per_rank: int
+    services: tuple[str, ...]  # "host/service" per rank
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    name: str  # cluster name (inventory file stem)
+    platform: str
+    variant: str
+    parallel: str
+    engine: str
+    serving: str  # "standalone" | "dynamo"
+    features: tuple[str, ...]
+    model_id: str  # the checkpoint (HF repo id)
+    served_model_name: str  # the name clients send
+    max_model_len: int | None
+    state: str  # "present" | "absent"
+    hosts: tuple[HostPlan, ...]  # inventory order
+    workers: tuple[WorkerPlan, ...]
+    endpoint: str  # the OpenAI base URL clients use (frontend, or worker 0 for standalone)
+    etcd_endpoints: str = ""
+    nats_server: str = ""
+    dynamo_version: str = ""
+    venv: str = ""  # native venv path on hosts (Dynamo frontend/mocker)
+    model_dir: str = ""  # local model directory on hosts (mocker) or HF cache dir
+    settings: tuple[tuple[str, Any], ...] = ()  # every resolved m3_* setting, for reports
+
+    def host(self, name: str) -> HostPlan:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host {name!r} in cluster {self.name}")
+
+    def group(self, group: str) -> tuple[HostPlan, ...]:
+        return tuple(h for h in self.hosts if group in h.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _to_jsonable(self)
+        out["hosts"] = {h["name"]: h for h in out["hosts"]}
+        for h in out["hosts"].values():
+            for s in h["services"]:
+                s["command"] = list(_service_command(s))
+        return out
+
+
+def _service_command(s: dict) -> tuple[str, ...]:
+    if not s["image"]:
+        return tuple(s["argv"])
+    return ("docker", "run", "--rm", "--name", s["name"].replace("@", "-"), *s["docker_args"],
+            "--env-file", s["env_file"], s["image"], *s["argv"])
+
+
+def _to_jsonable(obj: Any) -> Any:
+    if is_dataclass(obj):
+        d = {}
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if f.name in ("env", "data", "settings", "secret_env") and isinstance(v, tuple):
+                d[f.name] = {k: _to_jsonable(x) for k, x in v}
+            elif f.name == "expect_json":
+                d[f.name] = {k: x for k, x in v}
+            else:
+                d[f.name] = _to_jsonable(v)
+        return d
+    if isinstance(obj, (list, tuple)):
+        return [_to_jsonable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+__all__ = ["Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

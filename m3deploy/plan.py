@@ -1,0 +1,500 @@
+"""inventory -> ClusterPlan: every decision about the cluster, made once, in pure Python, from data.
+
+`build(inventory)` reads the pyinfra inventory's `m3_*` data, lays workers out over hosts, resolves the
+recipe layers for each worker rank, and returns frozen dataclasses (m3deploy.model). It validates
+everything first (m3deploy.validate) and raises ValidationError listing every problem at once.
+No pyinfra operations, no I/O besides reading the inventory files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import recipes
+from .errors import M3Error, ValidationError
+from .model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
+
+# Defaults for every optional data key (documented in README "Inventory contract").
+DEFAULTS: dict[str, Any] = {
+    "m3_variant": "bf16",
+    "m3_parallel": "tp8",
+    "m3_engine": "vllm",
+    "m3_serving": "standalone",
+    "m3_features": [],
+    "m3_max_model_len": None,
+    "m3_extra_args": [],
+    "m3_unset_args": [],
+    "m3_extra_env": {},
+    "m3_image": None,
+    "m3_model_id": None,
+    "m3_served_model_name": None,
+    "m3_state": "present",
+    "m3_frontend_port": 8000,
+    "m3_worker_port": 8000,  # standalone engines: first worker's HTTP port on a host (+1 per extra worker)
+    "m3_system_port": 9090,  # Dynamo workers' DYN_SYSTEM_PORT (+1 per worker on a host)
+    "m3_kv_events_port": 5200,  # Dynamo vLLM workers' ZMQ KV-events publisher (+1 per worker on a host)
+    "m3_master_port": 29500,  # multi-host rendezvous (SGLang --dist-init-addr)
+    "m3_dynamo_version": "1.6.1",
+    "m3_venv_root": "/opt/m3",
+    "m3_hf_cache": "/var/lib/m3/hf",
+    "m3_state_dir": "/var/lib/m3",
+    "m3_max_num_seqs": 256,
+    "m3_cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+    "m3_mocker_startup_time": 0,
+    "m3_mocker_speedup_ratio": 10,
+    "m3_readiness_timeout_s": None,
+    "m3_gpus_per_host": None,
+    "m3_nats_auth": True,
+}
+CLUSTER_KEYS = ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
+                "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
+                "m3_served_model_name", "m3_dynamo_version", "m3_state")
+PARALLEL_RE = re.compile(r"^(tp|dp)(\d+)(-ep)?$")
+ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
+# NATS credentials live in the controller's 0600 secrets store; the roles fill these on the host.
+NATS_SECRET_ENV = (("NATS_AUTH_USERNAME", "nats_user"), ("NATS_AUTH_PASSWORD", "nats_password"))
+
+
+@dataclass(frozen=True)
+class InvHost:
+    """One inventory host as the plan sees it: name, groups, merged data."""
+
+    name: str
+    groups: tuple[str, ...]
+    data: Mapping[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------- inventory
+def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None) -> list[InvHost]:
+    """Load a pyinfra inventory file (with group_data/) exactly as `pyinfra` does."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    path = Path(path)
+    if not path.exists():
+        raise M3Error(f"inventory file {path} does not exist (shipped inventories are in inventories/)")
+    extra = []
+    for cand in (path.resolve().parent.parent / "group_data", Path.cwd() / "group_data"):
+        if cand.is_dir() and str(cand) not in extra:
+            extra.append(str(cand))
+    try:
+        with ctx_state.use(State()):
+            inv = make_inventory(str(path), override_data=dict(override_data or {}), cwd=str(Path.cwd()),
+                                 group_data_directories=extra)
+    except M3Error:
+        raise
+    except Exception as e:  # pyinfra wraps user-code errors; keep the file in the message
+        raise M3Error(f"{path}: cannot load the inventory: {e}") from e
+    return hosts_from_pyinfra(inv)
+
+
+def hosts_from_pyinfra(inv) -> list[InvHost]:
+    out = []
+    for h in inv:
+        groups = tuple(g.name if hasattr(g, "name") else str(g) for g in getattr(h, "groups", ()))
+        out.append(InvHost(name=h.name, groups=groups, data=h.data.dict()))
+    return out
+
+
+def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | None = None,
+                    group_data: Mapping[str, Mapping[str, Any]] | None = None) -> list[InvHost]:
+    """Build inventory hosts from plain data (tests, benchmarks): {"control": [(name, data)], "workers": [...]}."""
+    order: list[str] = []
+    host_groups: dict[str, list[str]] = {}
+    host_data: dict[str, dict] = {}
+    for g, members in groups.items():
+        for m in members:
+            name, data = (m, {}) if isinstance(m, str) else m
+            if name not in host_groups:
+                order.append(name)
+                host_groups[name] = []
+                host_data[name] = {}
+            host_groups[name].append(g)
+            host_data[name].update(data)
+    out = []
+    for name in order:
+        merged: dict[str, Any] = dict(all_data or {})
+        for g in host_groups[name]:
+            merged.update((group_data or {}).get(g, {}))
+        merged.update(host_data[name])
+        out.append(InvHost(name=name, groups=tuple(host_groups[name]), data=merged))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- settings
+def cluster_name(hosts: list[InvHost], default: str = "cluster") -> str:
+    for h in hosts:
+        if h.data.get("m3_cluster"):
+            return str(h.data["m3_cluster"])
+    return default
+
+
+def _get(h: InvHost, key: str):
+    v = h.data.get(key)
+    return DEFAULTS.get(key) if v is None else v
+
+
+def parse_parallel(mode: str) -> tuple[str, int, bool]:
+    m = PARALLEL_RE.match(str(mode))
+    if not m:
+        raise ValueError(mode)
+    return m.group(1), int(m.group(2)), bool(m.group(3))
+
+
+def effective_features(features) -> tuple[str, ...]:
+    """Defaults (tool-calling, reasoning) plus the user's list; `no-X` removes X. Sorted, unique."""
+    cat = recipes.catalog()
+    feats = list(cat["default_features"])
+    for f in features or ():
+        f = str(f)
+        if f.startswith("no-"):
+            feats = [x for x in feats if x != f[3:]]
+        elif f not in feats:
+            feats.append(f)
+    return tuple(feats)
+
+
+# ---------------------------------------------------------------------------------------------- build
+def build(hosts, name: str | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterPlan:
+    """Validate and build the plan. `hosts`: a list of InvHost, a pyinfra Inventory, or an inventory path."""
+    from . import validate
+
+    if isinstance(hosts, (str, os.PathLike)):
+        path = Path(hosts)
+        hosts = load_inventory(path)
+        name = name or path.stem
+    elif not isinstance(hosts, list):
+        hosts = hosts_from_pyinfra(hosts)
+    name = cluster_name(hosts, name or "cluster")
+    problems = validate.check_inventory(hosts)
+    if problems:
+        raise ValidationError(problems)
+    plan = _build(hosts, name, facts or {})
+    problems = validate.check_plan(plan, hosts)
+    if problems:
+        raise ValidationError(problems)
+    return plan
+
+
+def _platform_info(platform: str) -> dict:
+    return recipes.catalog()["platforms"][platform]
+
+
+def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any]]) -> ClusterPlan:
+    cat = recipes.catalog()
+    control = [h for h in hosts if "control" in h.groups]
+    workers = [h for h in hosts if "workers" in h.groups]
+    ref = workers[0] if workers else hosts[0]
+    s = {k: _get(ref, k) for k in DEFAULTS}
+    variant, engine, serving = s["m3_variant"], s["m3_engine"], s["m3_serving"]
+    features = effective_features(s["m3_features"])
+    mode, size, ep = parse_parallel(s["m3_parallel"])
+    model_id = s["m3_model_id"] or cat["variants"][variant]["model_id"]
+    served = s["m3_served_model_name"] or model_id
+    platform = _get(ref, "m3_platform") or ""
+    state_dir = s["m3_state_dir"]
+    venv = f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}"
+    model_dir = f"{state_dir}/models/mock-minimax-m3" if engine == "mocker" else s["m3_hf_cache"]
+    home = f"{state_dir}/home"
+    addr = {h.name: str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name) for h in hosts}
+
+    services: dict[str, list[Service]] = {h.name: [] for h in hosts}
+    etcd_url = nats_url = ""
+    if serving == "dynamo" and control:
+        c0 = control[0]
+        a = addr[c0.name]
+        etcd_url, nats_url = f"http://{a}:{ETCD_CLIENT}", f"nats://{a}:{NATS_CLIENT}"
+        services[c0.name] += _control_services(c0.name, a, state_dir)
+
+    # Workers: lay engine instances over hosts.
+    gpus_per_host = {h.name: int(_get(h, "m3_gpus_per_host") or _platform_info(_get(h, "m3_platform"))["gpus_per_host"])
+                     for h in workers}
+    G = gpus_per_host[ref.name] if workers else 1
+    span = max(1, size // G) if size > G else 1
+    per_host = max(1, G // size) if size <= G else 1
+    worker_plans: list[WorkerPlan] = []
+    slot_count: dict[str, int] = {h.name: 0 for h in hosts}
+    widx = 0
+    for start in range(0, len(workers) - span + 1, span):
+        group = workers[start:start + span]
+        for k in range(per_host):
+            devices = tuple(range(k * size, (k + 1) * size)) if span == 1 else tuple(range(G))
+            svc_names = []
+            rank0 = group[0]
+            for rank, h in enumerate(group):
+                slot = slot_count[h.name]
+                slot_count[h.name] += 1
+                svc = _worker_service(
+                    idx=widx, rank=rank, nnodes=span, slot=slot, host=h, address=addr[h.name],
+                    master=addr[rank0.name], rank0_host=rank0.name, devices=devices, s=s, mode=mode, size=size,
+                    ep=ep, features=features, model_id=model_id, served=served, etcd=etcd_url, nats=nats_url,
+                    venv=venv, model_dir=model_dir, home=home, facts=facts.get(h.name, {}))
+                services[h.name].append(svc)
+                svc_names.append(f"{h.name}/{svc.name}")
+            worker_plans.append(WorkerPlan(index=widx, hosts=tuple(g.name for g in group),
+                                           tensor_parallel=size if mode == "tp" else 1,
+                                           data_parallel=size if mode == "dp" else 1,
+                                           gpus_per_rank=len(devices), services=tuple(svc_names)))
+            widx += 1
+
+    worker_names = tuple(n for w in worker_plans for n in w.services)
+    if serving == "dynamo":
+        for c in control:
+            services[c.name].append(_frontend_service(c, addr[c.name], s, served, etcd_url, nats_url, venv,
+                                                      model_dir, home, control[0].name))
+            # the frontend starts after the control plane; workers after the frontend
+        fe = f"{control[0].name}/m3-frontend" if control else ""
+        for h in workers:
+            services[h.name] = [_with_after(x, (fe,)) if x.kind == "worker" and x.rank == 0 and fe else x
+                                for x in services[h.name]]
+        endpoint = f"http://{addr[control[0].name]}:{s['m3_frontend_port']}/v1" if control else ""
+    else:
+        first = worker_plans[0].services[0] if worker_plans else ""
+        endpoint = ""
+        if first:
+            hname, sname = first.split("/")
+            port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
+            endpoint = f"http://{addr[hname]}:{port}/v1"
+    del worker_names
+
+    host_plans = []
+    for h in hosts:
+        is_worker = "workers" in h.groups
+        plat = str(_get(h, "m3_platform") or "") if is_worker else ""
+        info = _platform_info(plat) if plat else {}
+        vendor = info.get("vendor", "")
+        gpus = gpus_per_host.get(h.name, 0) if is_worker and vendor in ("nvidia", "amd") else 0
+        data = tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_")))
+        host_plans.append(HostPlan(
+            name=h.name, address=addr[h.name], groups=tuple(g for g in ("control", "workers") if g in h.groups),
+            platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
+            gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
+            gpu_memory_gb=int(info.get("gpu_memory_gb", 0)) if gpus else 0,
+            interface=str(h.data.get("m3_interface") or ""),
+            weights_dir=s["m3_hf_cache"] if gpus else "",
+            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else 0,
+            shm_min_gb=16 if gpus else 0,
+            needs_rdma=bool(is_worker and span > 1 and gpus),
+            services=tuple(services[h.name]), data=data))
+
+    settings = tuple(sorted((k, _jsonable(s[k])) for k in CLUSTER_KEYS if k in s)) + (
+        ("m3_features_effective", list(features)),)
+    return ClusterPlan(
+        name=name, platform=platform, variant=variant, parallel=str(s["m3_parallel"]), engine=engine,
+        serving=serving, features=features, model_id=model_id, served_model_name=served,
+        max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]), hosts=tuple(host_plans),
+        workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=etcd_url, nats_server=nats_url,
+        dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
+        venv=venv if serving == "dynamo" else "", model_dir=model_dir, settings=tuple(settings))
+
+
+def _jsonable(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _with_after(svc: Service, after: tuple[str, ...]) -> Service:
+    from dataclasses import replace
+
+    return replace(svc, after=tuple(dict.fromkeys(svc.after + after)))
+
+
+def _control_services(host: str, a: str, state_dir: str) -> list[Service]:
+    etcd = Service(
+        name="m3-etcd", kind="etcd", host=host,
+        argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd",
+              "--listen-client-urls", f"http://{a}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{a}:{ETCD_CLIENT}",
+              "--listen-peer-urls", f"http://{a}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{a}:{ETCD_PEER}",
+              "--initial-cluster", f"{host}=http://{a}:{ETCD_PEER}"),
+        ports=(Port("etcd-client", ETCD_CLIENT, a), Port("etcd-peer", ETCD_PEER, a)),
+        readiness=Readiness(kind="http", url=f"http://{a}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
+                            timeout_s=60),
+        env_file="/etc/m3/m3-etcd.env", workdir=f"{state_dir}/etcd")
+    nats = Service(
+        name="m3-nats", kind="nats", host=host,
+        argv=("/usr/bin/nats-server", "-c", "/etc/m3/nats.conf"),
+        ports=(Port("nats-client", NATS_CLIENT, a), Port("nats-monitor", NATS_MONITOR, a)),
+        readiness=Readiness(kind="http", url=f"http://{a}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
+        env_file="/etc/m3/m3-nats.env", workdir=f"{state_dir}/nats")
+    return [etcd, nats]
+
+
+def _dynamo_env(a: str, etcd: str, nats: str, home: str) -> list[tuple[str, str]]:
+    return [("ETCD_ENDPOINTS", etcd), ("NATS_SERVER", nats), ("DYN_REQUEST_PLANE", "tcp"),
+            ("DYN_TCP_RPC_HOST", a), ("DYN_TCP_RESPONSE_STREAM_HOST", a), ("DYN_EVENT_PLANE_HOST", a),
+            ("DYN_SYSTEM_HOST", a), ("HOME", home)]
+
+
+def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats: str, venv: str, model_dir: str,
+                      home: str, first_control: str) -> Service:
+    ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
+    r = recipes.resolve(ctx, target="frontend")
+    env = dict(_dynamo_env(a, etcd, nats, home))
+    env.pop("DYN_SYSTEM_HOST")
+    for k, v in r.env.items():
+        env[k] = v
+    if s["m3_engine"] == "mocker":
+        env["HF_HUB_OFFLINE"] = "1"
+    argv = (f"{venv}/bin/python", "-m", "dynamo.frontend", *r.argv())
+    prov = r.provenance_records() + tuple(Provenance(f"env:{k}", v, "plan:dynamo", "m3deploy/plan.py")
+                                          for k, v in env.items() if f"env:{k}" not in r.provenance)
+    port = int(s["m3_frontend_port"])
+    return Service(
+        name="m3-frontend", kind="frontend", host=h.name, argv=argv, env=tuple(env.items()),
+        secret_env=NATS_SECRET_ENV if s["m3_nats_auth"] else (),
+        ports=(Port("http", port, a),),
+        readiness=Readiness(kind="http", url=f"http://{a}:{port}/live", timeout_s=r.readiness_timeout_s),
+        after=(f"{first_control}/m3-etcd", f"{first_control}/m3-nats"),
+        env_file="/etc/m3/m3-frontend.env", workdir=home, provenance=prov)
+
+
+def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, rank0_host, devices, s, mode, size,
+                    ep, features, model_id, served, etcd, nats, venv, model_dir, home, facts) -> Service:
+    cat = recipes.catalog()
+    platform = str(_get(host, "m3_platform"))
+    info = _platform_info(platform)
+    engine, serving = s["m3_engine"], s["m3_serving"]
+    kv_port = int(s["m3_kv_events_port"]) + slot
+    sys_port = int(s["m3_system_port"]) + slot
+    http_port = int(s["m3_worker_port"]) + slot
+    sizes = sorted(set(int(x) for x in s["m3_cudagraph_capture_sizes"]) | {256, 512, 1024, 2048})
+    ctx = {
+        "engine": engine, "serving": serving, "vendor": info["vendor"], "generation": info["generation"],
+        "platform": platform, "variant": s["m3_variant"], "parallel": str(s["m3_parallel"]), "ep": ep,
+        "dp_mode": mode == "dp", "multi_host": nnodes > 1, "features": features,
+        "tp": size, "dp": size, "address": address, "kv_events_port": kv_port,
+        "device_ids": ",".join(str(d) for d in devices), "max_model_len": s["m3_max_model_len"],
+        "max_num_seqs": s["m3_max_num_seqs"], "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
+    }
+    r = recipes.resolve(ctx, target="worker")
+    CL, PL = "cluster", "m3deploy/plan.py"
+    src = f"group_data ({host.name})"
+    # cluster overrides: the last layer
+    if s["m3_image"]:
+        r.image = s["m3_image"]
+        r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
+    if s["m3_max_model_len"]:
+        flag = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len",
+                "mocker": "--max-model-len"}[engine]
+        r.set_arg(flag, str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
+    if engine == "mocker":
+        r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
+        if s["m3_mocker_startup_time"]:
+            r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
+    for key in s["m3_unset_args"] or ():
+        r.unset(str(key), f"{CL}:m3_unset_args", src)
+    for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
+        r.set_arg(flag, value, f"{CL}:m3_extra_args", src)
+    # env from facts (only where neither the recipe nor the user set it)
+    for k, v in (facts.get("env") or {}).items():
+        if k not in r.env and k not in (s["m3_extra_env"] or {}):
+            r.set_env(k, v, "facts", f"facts of {host.name}")
+    for k, v in dict(host.data.get("m3_rdma_env") or {}).items():
+        r.set_env(k, v, f"{CL}:m3_rdma_env", src)
+    for k, v in (s["m3_extra_env"] or {}).items():
+        r.set_env(k, v, f"{CL}:m3_extra_env", src)
+
+    plan_env: list[tuple[str, str]] = []
+    head: tuple[str, ...]
+    ports = []
+    readiness: Readiness
+    timeout = int(s["m3_readiness_timeout_s"] or r.readiness_timeout_s)
+    if engine == "mocker":
+        timeout += int(s["m3_mocker_startup_time"] or 0)
+    if serving == "dynamo":
+        plan_env += _dynamo_env(address, etcd, nats, home)
+        plan_env += [("DYN_SYSTEM_PORT", str(sys_port)),
+                     ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
+        ports.append(Port("system", sys_port, address))
+        if engine == "vllm":
+            ports.append(Port("kv-events", kv_port, address))
+        readiness = Readiness(kind="http", url=f"http://{address}:{sys_port}/health", timeout_s=timeout)
+    else:
+        ports.append(Port("http", http_port, address))
+        readiness = Readiness(kind="http", url=f"http://{address}:{http_port}/health", timeout_s=timeout)
+    if engine != "mocker":
+        plan_env.append(("HF_HUB_OFFLINE", "1"))
+        if nnodes > 1 and host.data.get("m3_interface"):
+            plan_env += [("NCCL_SOCKET_IFNAME", str(host.data["m3_interface"])),
+                         ("GLOO_SOCKET_IFNAME", str(host.data["m3_interface"]))]
+        if info["vendor"] == "amd" and len(devices) < int(_get(host, "m3_gpus_per_host") or info["gpus_per_host"]):
+            plan_env.append(("HIP_VISIBLE_DEVICES", ",".join(map(str, devices))))
+    for k, v in plan_env:
+        if k not in r.env:
+            r.set_env(k, v, "plan", PL)
+    # multi-host ranks: rank 0 first; ranks > 0 headless and only process-alive readiness
+    multi: list[tuple[str, str | None]] = []
+    if nnodes > 1:
+        if engine == "vllm":
+            multi = [("--nnodes", str(nnodes)), ("--node-rank", str(rank)), ("--master-addr", master)]
+            if rank > 0:
+                multi.append(("--headless", None))
+        elif engine == "sglang":
+            multi = [("--nnodes", str(nnodes)), ("--node-rank", str(rank)),
+                     ("--dist-init-addr", f"{master}:{s['m3_master_port']}")]
+        for flag, value in multi:
+            r.set_arg(flag, value, "plan:multi-host", PL)
+        if rank > 0:
+            readiness = Readiness(kind="process", timeout_s=timeout)
+            ports = [p for p in ports if p.name != "system"] if engine == "vllm" else ports
+
+    if engine == "vllm":
+        if serving == "dynamo":
+            head = ("python3", "-m", "dynamo.vllm", "--model", model_id, "--served-model-name", served)
+        else:
+            head = ("vllm", "serve", model_id)
+            extra = [("--host", address), ("--port", str(http_port))]
+            if served != model_id:
+                extra.append(("--served-model-name", served))
+            for flag, value in extra:
+                r.set_arg(flag, value, "plan", PL)
+    elif engine == "sglang":
+        head = (("python3", "-m", "dynamo.sglang", "--model-path", model_id, "--served-model-name", served)
+                if serving == "dynamo" else ("python3", "-m", "sglang.launch_server", "--model-path", model_id))
+        if serving != "dynamo":
+            for flag, value in (("--host", address), ("--port", str(http_port))):
+                r.set_arg(flag, value, "plan", PL)
+    elif engine == "trtllm":
+        head = (("python3", "-m", "dynamo.trtllm", "--model-path", model_id, "--served-model-name", served)
+                if serving == "dynamo" else ("trtllm-serve", "serve", model_id))
+        if serving != "dynamo":
+            for flag, value in (("--host", address), ("--port", str(http_port))):
+                r.set_arg(flag, value, "plan", PL)
+    else:  # mocker
+        head = (f"{venv}/bin/python", "-m", "dynamo.mocker", "--model-path", model_dir, "--model-name", served)
+
+    docker: list[str] = []
+    image = r.image if engine != "mocker" else None
+    if image:
+        docker = list(r.docker)
+        if info["vendor"] == "nvidia":
+            gpus_total = int(_get(host, "m3_gpus_per_host") or info["gpus_per_host"])
+            sel = "all" if len(devices) >= gpus_total else '"device=' + ",".join(map(str, devices)) + '"'
+            docker += ["--gpus", sel]
+        docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]
+    base_image = None
+    if image and serving == "dynamo":
+        # Dynamo runs inside the engine image: the images role builds this image on the host, offline, FROM the
+        # engine image plus the shipped ai-dynamo wheels (the GB200 lane pip-installs ai-dynamo into vLLM's image).
+        base_image = image
+        tag = hashlib.sha256(image.encode()).hexdigest()[:12]
+        image = f"m3deploy/dynamo-{engine}:{s['m3_dynamo_version']}-{tag}"
+    name = f"m3-worker@{slot}"
+    return Service(
+        name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
+        secret_env=NATS_SECRET_ENV if (serving == "dynamo" and s["m3_nats_auth"]) else (),
+        image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
+        after=((f"{rank0_host}/m3-worker@{_slot_hint(rank0_host, host.name, slot)}",) if rank > 0 else ()),
+        env_file=f"/etc/m3/m3-worker-{slot}.env", workdir=home if engine == "mocker" else "",
+        worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
+        provenance=r.provenance_records())
+
+
+def _slot_hint(rank0_host: str, host: str, slot: int) -> int:
+    # Multi-host workers take whole hosts, so rank 0 sits in the same slot on its host.
+    return slot

@@ -1,0 +1,256 @@
+"""Every rule a cluster must satisfy, checked before any host is touched.
+
+Each problem names where (host, key or file), what is wrong, and the fix. All problems are reported at once:
+`check_inventory` looks at the raw m3_* data (so the plan can be built), `check_plan` at the built plan.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from . import recipes
+from .plan import DEFAULTS, PARALLEL_RE, InvHost, effective_features, parse_parallel
+
+MAX_CONTEXT = 1048576
+
+
+def _v(h: InvHost, key: str):
+    v = h.data.get(key)
+    return DEFAULTS.get(key) if v is None else v
+
+
+def _list(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def check_inventory(hosts: list[InvHost]) -> list[str]:
+    cat = recipes.catalog()
+    platforms, variants = cat["platforms"], cat["variants"]
+    problems: list[str] = []
+    add = problems.append
+    if not hosts:
+        return ["the inventory has no hosts. Fix: list hosts in the `control` and `workers` groups"]
+    workers = [h for h in hosts if "workers" in h.groups]
+    control = [h for h in hosts if "control" in h.groups]
+    if not workers:
+        add("the inventory has no `workers` group (GPU hosts). Fix: define `workers = [...]` in the inventory file")
+        return problems
+
+    # cluster-wide keys must agree across workers
+    for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
+                "m3_model_id", "m3_dynamo_version", "m3_state"):
+        seen = defaultdict(list)
+        for h in workers:
+            seen[repr(_v(h, key))].append(h.name)
+        if len(seen) > 1:
+            detail = "; ".join(f"{v} on {_list(names)}" for v, names in seen.items())
+            add(f"key {key} differs between workers ({detail}). Fix: set it once in the cluster's group_data file")
+
+    ref = workers[0]
+    variant, engine, serving = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine")), str(_v(ref, "m3_serving"))
+    if variant not in variants:
+        add(f"key m3_variant: unknown variant {variant!r}. Fix: use one of {_list(variants)}")
+    if engine not in cat["engines"]:
+        add(f"key m3_engine: unknown engine {engine!r}. Fix: use one of {_list(cat['engines'])}")
+    if serving not in cat["servings"]:
+        add(f"key m3_serving: unknown serving mode {serving!r}. Fix: use one of {_list(cat['servings'])}")
+    state = str(_v(ref, "m3_state"))
+    if state not in ("present", "absent"):
+        add(f"key m3_state: {state!r} is neither 'present' nor 'absent'")
+
+    raw_features = _v(ref, "m3_features") or []
+    if isinstance(raw_features, str):
+        add(f"key m3_features must be a list, not the string {raw_features!r}. Fix: m3_features = [{raw_features!r}]")
+        raw_features = [raw_features]
+    known = set(cat["features"])
+    for f in raw_features:
+        base = f[3:] if str(f).startswith("no-") else f
+        if base not in known:
+            add(f"key m3_features: unknown feature {f!r}. Fix: use any of {_list(sorted(known))} "
+                f"(prefix `no-` to drop a default one)")
+    features = set(effective_features(raw_features))
+    if {"text-only", "encoder-parallel"} <= features:
+        add("key m3_features: 'text-only' and 'encoder-parallel' are mutually exclusive (text-only skips the vision "
+            "encoder that encoder-parallel parallelizes). Fix: keep one")
+    if {"eagle3", "eagle3-gqa"} <= features:
+        add("key m3_features: pick one EAGLE3 draft head, 'eagle3' (MHA) or 'eagle3-gqa'")
+
+    mode = str(_v(ref, "m3_parallel"))
+    size = 0
+    if not PARALLEL_RE.match(mode):
+        add(f"key m3_parallel: {mode!r} is not a parallel mode. Fix: use tp<N>, tp<N>-ep or dp<N>-ep "
+            f"(e.g. {_list(cat['parallel_modes'])})")
+    else:
+        kind, size, ep = parse_parallel(mode)
+        if size < 1:
+            add(f"key m3_parallel: {mode!r} needs a size of at least 1")
+
+    mml = _v(ref, "m3_max_model_len")
+    if mml is not None:
+        if not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0:
+            add(f"key m3_max_model_len: {mml!r} is not a positive integer (tokens)")
+        elif mml > MAX_CONTEXT:
+            add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({MAX_CONTEXT})")
+
+    for key, kind_ in (("m3_extra_args", (list, tuple, dict)), ("m3_unset_args", (list, tuple)),
+                       ("m3_extra_env", (dict,))):
+        val = _v(ref, key)
+        if val is not None and not isinstance(val, kind_):
+            add(f"key {key}: expected {' or '.join(t.__name__ for t in kind_)}, got {type(val).__name__}")
+    try:
+        recipes.parse_arg_list(_v(ref, "m3_extra_args") or [])
+    except Exception as e:  # M3Error with the offending token
+        add(f"key {e}")
+
+    # per-host platform checks
+    plat_of = {}
+    for h in workers:
+        p = h.data.get("m3_platform")
+        if not p:
+            add(f"host {h.name}: key m3_platform is not set. Fix: set it in group_data (one of {_list(platforms)})")
+            continue
+        if p not in platforms:
+            add(f"host {h.name}: key m3_platform: unknown platform {p!r}. Fix: use one of {_list(platforms)}")
+            continue
+        plat_of[h.name] = p
+        gph = h.data.get("m3_gpus_per_host")
+        if gph is not None and (not isinstance(gph, int) or gph < 1):
+            add(f"host {h.name}: key m3_gpus_per_host: {gph!r} is not a positive integer")
+    if problems:
+        return problems
+
+    platform = plat_of[ref.name]
+    info = platforms[platform]
+    vinfo = variants[variant]
+    if "generations" in vinfo and info["generation"] not in vinfo["generations"]:
+        ok = [p for p, i in platforms.items() if i["generation"] in vinfo["generations"]]
+        add(f"key m3_variant: {variant} needs {'/'.join(vinfo['generations'])} GPUs but m3_platform is {platform}. "
+            f"Fix: use {variant} on {_list(ok)}, or pick another variant (mxfp8, bf16)")
+    if "platforms" in vinfo and platform not in vinfo["platforms"]:
+        add(f"key m3_variant: {variant} runs only on {_list(vinfo['platforms'])}, not on {platform}. "
+            f"Fix: use mxfp8 or bf16 on {platform}")
+
+    if platform == "sim" and engine != "mocker":
+        add(f"key m3_engine: the sim platform (testbed, no GPU) runs only the mocker engine, not {engine}. "
+            "Fix: m3_engine = 'mocker'")
+    if engine == "mocker" and serving != "dynamo":
+        add("key m3_serving: the mocker engine is Dynamo's; it needs m3_serving = 'dynamo'")
+    if engine == "trtllm" and "text-only" not in features:
+        add("key m3_features: TensorRT-LLM serves MiniMax-M3 text-only. Fix: add 'text-only' to m3_features")
+    if engine != "vllm" and engine != "mocker":
+        for f in ("eagle3", "eagle3-gqa", "kv-offload", "high-concurrency", "agentx", "fp8-per-channel"):
+            if f in features:
+                add(f"key m3_features: {f!r} is a vLLM recipe; it has no {engine} launch line. Fix: drop it or "
+                    "use m3_engine = 'vllm'")
+    if engine == "sglang" and serving == "standalone" and info["vendor"] == "amd":
+        add("key m3_engine: the SGLang launch line in the recipe is NVIDIA's. Fix: use vllm on AMD")
+    if engine == "trtllm" and info["vendor"] != "nvidia":
+        add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
+
+    def need(feature, cond, where):
+        if feature in features and not cond:
+            add(f"key m3_features: {feature!r} applies to {where} only (this cluster: {platform}, {variant}, "
+                f"{mode}). Fix: drop it")
+    need("kv-offload", platform == "gb200", "GB200 trays")
+    need("high-concurrency", platform in ("mi350x", "mi355x") and variant == "mxfp8", "MI350X/MI355X with mxfp8")
+    need("agentx", platform == "mi355x" and variant == "mxfp4" and mode in ("tp4", "tp2"),
+         "MI355X with mxfp4 at tp4 or tp2")
+    need("fp8-per-channel", info["vendor"] == "amd" and info["generation"] == "cdna3" and variant == "bf16",
+         "the BF16 checkpoint on MI300X/MI325X")
+    if platform == "mi300x" and variant == "mxfp8" and engine == "vllm" and mml is None:
+        add("key m3_max_model_len: the MI300X MXFP8 tuned recipe passes --max-model-len \"$MAX_MODEL_LEN\". "
+            "Fix: set m3_max_model_len (e.g. 131072)")
+
+    # layout: tensor/data-parallel size vs GPUs per host x hosts
+    if size:
+        G = {h.name: int(h.data.get("m3_gpus_per_host") or platforms[plat_of[h.name]]["gpus_per_host"])
+             for h in workers}
+        g = G[ref.name]
+        if len(set(G.values())) > 1:
+            add("key m3_gpus_per_host: workers have different GPU counts ("
+                + "; ".join(f"{n}: {c}" for n, c in G.items()) + "). Fix: one GPU count per cluster")
+        elif size <= g:
+            if g % size:
+                add(f"key m3_parallel: {mode} does not divide a host's {g} GPUs ({platform}) into whole workers. "
+                    f"Fix: use a size that divides {g}")
+        else:
+            if size % g:
+                add(f"key m3_parallel: {mode} is not a multiple of {g} GPUs per {platform} host. Fix: use "
+                    f"{g * max(1, size // g)} or {g * (size // g + 1)}")
+            else:
+                span = size // g
+                if len(workers) % span:
+                    add(f"group workers: {len(workers)} hosts do not divide into whole {mode} workers of {span} hosts "
+                        f"({g} GPUs each). Fix: use a multiple of {span} hosts, or a smaller m3_parallel")
+                else:
+                    for start in range(0, len(workers), span):
+                        grp = workers[start:start + span]
+                        kinds = {plat_of[h.name] for h in grp}
+                        if len(kinds) > 1:
+                            add(f"worker {start // span} (hosts {_list(h.name for h in grp)}) mixes platforms "
+                                f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
+        if engine == "mocker" and platform == "sim" and size != 1:
+            add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
+        if engine == "trtllm" and size > g:
+            add(f"key m3_parallel: multi-host TensorRT-LLM ({mode} over {g}-GPU hosts) is not supported by m3deploy. "
+                "Fix: use vllm for multi-host workers")
+        # weights must fit in the worker's GPU memory
+        if engine != "mocker" and platform != "sim":
+            mem = info["gpu_memory_gb"] * size
+            need_gb = vinfo["vram_minimum_gb"]
+            if "fp8-per-channel" in features:
+                need_gb = need_gb // 2
+            if mem < need_gb:
+                add(f"key m3_parallel: {variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
+                    f"{platform} has {size} x {info['gpu_memory_gb']} GB = {mem} GB. Fix: a larger tensor-parallel "
+                    f"size, more hosts per worker, or a smaller variant (mxfp8 {variants['mxfp8']['vram_minimum_gb']} GB)")
+
+    if serving == "dynamo" and not control:
+        add("group control: a Dynamo deploy needs a `control` host for etcd, NATS and the frontend. Fix: add "
+            "`control = [...]` to the inventory")
+
+    # duplicate hosts / addresses
+    seen_addr = defaultdict(list)
+    for h in hosts:
+        a = str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name)
+        seen_addr[a].append(h.name)
+    for a, names in seen_addr.items():
+        if len(names) > 1:
+            add(f"hosts {_list(names)} share the address {a}. Fix: give each host its own m3_address/ssh_hostname")
+    names = [h.name for h in hosts]
+    for n in {n for n in names if names.count(n) > 1}:
+        add(f"host {n} is listed twice in the inventory")
+    return problems
+
+
+def check_plan(plan, hosts) -> list[str]:
+    cat = recipes.catalog()
+    problems: list[str] = []
+    add = problems.append
+    parsers = cat["model"]["parsers"].get(plan.engine, {})
+    for hp in plan.hosts:
+        bound = defaultdict(list)
+        for svc in hp.services:
+            argv = list(svc.argv)
+            pairs = {}
+            for i, tok in enumerate(argv):
+                if tok.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    pairs[tok] = argv[i + 1]
+            for flag in ("--block-size", "--kv-cache-block-size"):
+                if flag in pairs and pairs[flag] != str(cat["model"]["block_size"]):
+                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size 128 (MSA sparse "
+                        f"block; other sizes misalign sparse attention). Fix: remove it from m3_extra_args")
+            for flag, kind in (("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool_call"),
+                               ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call"),
+                               ("--reasoning_parser", "reasoning")):
+                if flag in pairs and parsers and pairs[flag] != parsers[kind]:
+                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 uses the {parsers[kind]!r} "
+                        f"parser on {plan.engine} (minimax_m2 is the previous release's). Fix: remove it from "
+                        "m3_extra_args")
+            for p in svc.ports:
+                bound[p.port].append((p.address, svc.name, p.name))
+        for port, users in bound.items():
+            if len(users) > 1:
+                add(f"host {hp.name}: port {port} is used by "
+                    + ", ".join(f"{s} ({n})" for _, s, n in users)
+                    + ". Fix: change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
+    return problems
