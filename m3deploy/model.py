@@ -155,38 +155,46 @@ class ClusterPlan:
     def group(self, group: str) -> tuple[HostPlan, ...]:
         return tuple(h for h in self.hosts if group in h.groups)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = _to_jsonable(self)
-        out["hosts"] = {h["name"]: h for h in out["hosts"]}
-        for h in out["hosts"].values():
-            for s in h["services"]:
-                s["command"] = list(_service_command(s))
+    def to_dict(self, provenance: bool = False) -> dict[str, Any]:
+        """Plain data for `m3deploy plan --json` (provenance only when asked: it is the bulk)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("hosts", "workers")}
+        out["settings"] = {k: _plain(v) for k, v in self.settings}
+        out["workers"] = [_plain(w) for w in self.workers]
+        out["hosts"] = {h.name: _host_dict(h, provenance) for h in self.hosts}
         return out
 
 
-def _service_command(s: dict) -> tuple[str, ...]:
-    if not s["image"]:
-        return tuple(s["argv"])
-    return ("docker", "run", "--rm", "--name", s["name"].replace("@", "-"), *s["docker_args"],
-            "--env-file", s["env_file"], s["image"], *s["argv"])
+def _host_dict(h: HostPlan, provenance: bool) -> dict[str, Any]:
+    d = {f.name: _plain(getattr(h, f.name)) for f in fields(h) if f.name not in ("services", "data")}
+    d["data"] = {k: _plain(v) for k, v in h.data}
+    d["services"] = [_service_dict(s, provenance) for s in h.services]
+    return d
 
 
-def _to_jsonable(obj: Any) -> Any:
+def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
+    r = s.readiness
+    return {
+        "name": s.name, "unit": s.unit, "kind": s.kind, "host": s.host, "image": s.image, "base_image": s.base_image,
+        "argv": list(s.argv), "env": dict(s.env), "secret_env": dict(s.secret_env), "docker_args": list(s.docker_args),
+        "command": list(s.command),
+        "ports": [{"name": p.name, "port": p.port, "address": p.address, "protocol": p.protocol} for p in s.ports],
+        "readiness": None if r is None else {
+            "kind": r.kind, "url": r.url, "address": r.address, "port": r.port, "expect_status": r.expect_status,
+            "expect_json": dict(r.expect_json), "timeout_s": r.timeout_s, "interval_s": r.interval_s},
+        "after": list(s.after), "env_file": s.env_file, "workdir": s.workdir, "worker": s.worker, "rank": s.rank,
+        "nnodes": s.nnodes, "devices": list(s.devices),
+        **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source}
+                           for p in s.provenance]} if provenance else {}),
+    }
+
+
+def _plain(obj: Any) -> Any:
     if is_dataclass(obj):
-        d = {}
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if f.name in ("env", "data", "settings", "secret_env") and isinstance(v, tuple):
-                d[f.name] = {k: _to_jsonable(x) for k, x in v}
-            elif f.name == "expect_json":
-                d[f.name] = {k: x for k, x in v}
-            else:
-                d[f.name] = _to_jsonable(v)
-        return d
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, (list, tuple)):
-        return [_to_jsonable(x) for x in obj]
+        return [_plain(x) for x in obj]
     if isinstance(obj, dict):
-        return {k: _to_jsonable(v) for k, v in obj.items()}
+        return {k: _plain(v) for k, v in obj.items()}
     return obj
 
 

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "m3_mocker_speedup_ratio": 10,
     "m3_readiness_timeout_s": None,
     "m3_gpus_per_host": None,
+    "m3_gpu_memory_gb": None,  # per-GPU memory override (e.g. the 141 GB H20 variant)
     "m3_nats_auth": True,
 }
 CLUSTER_KEYS = ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
@@ -71,27 +72,13 @@ class InvHost:
 
 # ---------------------------------------------------------------------------------------------- inventory
 def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None) -> list[InvHost]:
-    """Load a pyinfra inventory file (with group_data/) exactly as `pyinfra` does."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    """Load a pyinfra inventory file (with group_data/) as `pyinfra` does (m3deploy.inventory)."""
+    from . import inventory
 
     path = Path(path)
-    if not path.exists():
-        raise M3Error(f"inventory file {path} does not exist (shipped inventories are in inventories/)")
-    extra = []
-    for cand in (path.resolve().parent.parent / "group_data", Path.cwd() / "group_data"):
-        if cand.is_dir() and str(cand) not in extra:
-            extra.append(str(cand))
-    try:
-        with ctx_state.use(State()):
-            inv = make_inventory(str(path), override_data=dict(override_data or {}), cwd=str(Path.cwd()),
-                                 group_data_directories=extra)
-    except M3Error:
-        raise
-    except Exception as e:  # pyinfra wraps user-code errors; keep the file in the message
-        raise M3Error(f"{path}: cannot load the inventory: {e}") from e
-    return hosts_from_pyinfra(inv)
+    extra = [str(path.resolve().parent.parent / "group_data")]
+    return [InvHost(name=n, groups=g, data=d)
+            for n, g, d in inventory.load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
 
 
 def hosts_from_pyinfra(inv) -> list[InvHost]:
@@ -275,7 +262,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
             name=h.name, address=addr[h.name], groups=tuple(g for g in ("control", "workers") if g in h.groups),
             platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
             gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
-            gpu_memory_gb=int(info.get("gpu_memory_gb", 0)) if gpus else 0,
+            gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
             interface=str(h.data.get("m3_interface") or ""),
             weights_dir=s["m3_hf_cache"] if gpus else "",
             weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else 0,

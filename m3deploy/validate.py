@@ -115,7 +115,9 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
         gph = h.data.get("m3_gpus_per_host")
         if gph is not None and (not isinstance(gph, int) or gph < 1):
             add(f"host {h.name}: key m3_gpus_per_host: {gph!r} is not a positive integer")
-    if problems:
+    # later rules need a known platform, variant, engine and parallel mode
+    if (ref.name not in plat_of or variant not in variants or engine not in cat["engines"]
+            or not PARALLEL_RE.match(mode) or len(plat_of) != len(workers)):
         return problems
 
     platform = plat_of[ref.name]
@@ -195,13 +197,14 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
                 "Fix: use vllm for multi-host workers")
         # weights must fit in the worker's GPU memory
         if engine != "mocker" and platform != "sim":
-            mem = info["gpu_memory_gb"] * size
+            per_gpu = int(ref.data.get("m3_gpu_memory_gb") or info["gpu_memory_gb"])
+            mem = per_gpu * size
             need_gb = vinfo["vram_minimum_gb"]
             if "fp8-per-channel" in features:
                 need_gb = need_gb // 2
             if mem < need_gb:
                 add(f"key m3_parallel: {variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
-                    f"{platform} has {size} x {info['gpu_memory_gb']} GB = {mem} GB. Fix: a larger tensor-parallel "
+                    f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
                     f"size, more hosts per worker, or a smaller variant (mxfp8 {variants['mxfp8']['vram_minimum_gb']} GB)")
 
     if serving == "dynamo" and not control:

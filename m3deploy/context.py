@@ -1,0 +1,36 @@
+"""The plan inside a pyinfra run: built once per run from pyinfra's inventory, then read by every role.
+
+Roles call `host_plan()` (the current host's part) or `cluster_plan()`; nothing else decides anything.
+"""
+from __future__ import annotations
+
+from pyinfra import host, state
+
+from . import plan as planmod
+from .model import ClusterPlan, HostPlan
+
+_CACHE_ATTR = "_m3deploy_plan"
+
+
+def _cluster_name() -> str:
+    # pyinfra puts every host of inventories/<name>.py into a group called <name>
+    skip = {"all", "control", "workers"}
+    for g in state.inventory.get_group_names() if hasattr(state.inventory, "get_group_names") else ():
+        if g not in skip and len(state.inventory.get_group(g)) == len(list(state.inventory)):
+            return g
+    return "cluster"
+
+
+def cluster_plan() -> ClusterPlan:
+    """The validated plan for this pyinfra run (raises ValidationError with every problem)."""
+    cached = getattr(state, _CACHE_ATTR, None)
+    if cached is None:
+        hosts = planmod.hosts_from_pyinfra(state.inventory)
+        cached = planmod.build(hosts, name=_cluster_name())
+        setattr(state, _CACHE_ATTR, cached)
+    return cached
+
+
+def host_plan() -> HostPlan:
+    """The current host's part of the plan."""
+    return cluster_plan().host(host.name)
