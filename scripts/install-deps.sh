@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what m3deploy needs on the controller (this machine): Debian packages for the local testbed and the
+# loopback tests, and the project itself with its Python dependencies. Idempotent. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then echo "scripts/install-deps.sh: run as root (the testbed needs network namespaces)" >&2; exit 1; fi
+pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=900 update -qq
+  apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # the distribution's own units must not hold the ports the testbed's hosts use on their own addresses
+  for svc in etcd nats-server apt-cacher-ng; do
+    systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    pkill -x "${svc%-server}" >/dev/null 2>&1 || true
+  done
+fi
+echo "== pip install -e . (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra)"
+python3 -m pip install -q --disable-pip-version-check -e ".[mocker]"
