@@ -1,0 +1,42 @@
+"""pyinfra inventory for the local testbed (`m3deploy testbed up N`).
+
+Reads /var/lib/m3deploy/testbed/<name>/state.json; name from env M3_TESTBED (default "m3tb").
+The first M3_TESTBED_CONTROL hosts (default 1) are `control`, the rest `workers`.
+Cluster-wide choices for the testbed (m3_engine="mocker", m3_platform="sim", ...) live in
+group_data/testbed.py, not here. With no testbed up this raises an M3Error naming the fix.
+
+    pyinfra -y inventories/testbed.py deploy.py
+"""
+
+import os as _os
+
+from m3deploy.errors import M3Error as _M3Error
+from m3deploy.testbed import load_state as _load_state
+
+_name = _os.environ.get("M3_TESTBED", "m3tb")
+_state = _load_state(_name)
+try:
+    _n_control = int(_os.environ.get("M3_TESTBED_CONTROL", "1"))
+except ValueError:
+    raise _M3Error(f"M3_TESTBED_CONTROL={_os.environ['M3_TESTBED_CONTROL']!r} is not a number; "
+                   "set it to how many testbed hosts form the control group (e.g. 1)") from None
+if not 1 <= _n_control <= len(_state["hosts"]):
+    raise _M3Error(f"M3_TESTBED_CONTROL={_n_control} does not fit testbed {_name!r} with "
+                   f"{len(_state['hosts'])} host(s); use 1..{len(_state['hosts'])} or "
+                   f"`m3deploy testbed up {_n_control + 1} --name {_name}`")
+
+
+def _host(h):
+    return (h["name"], {
+        "ssh_hostname": h["address"],
+        "ssh_user": "root",
+        "ssh_key": _state["ssh"]["private_key"],
+        "ssh_known_hosts_file": _state["ssh"]["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "m3_address": h["address"],
+        "m3_interface": "eth0",
+    })
+
+
+control = [_host(h) for h in _state["hosts"][:_n_control]]
+workers = [_host(h) for h in _state["hosts"][_n_control:]]

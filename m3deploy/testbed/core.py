@@ -1,0 +1,789 @@
+"""Bring a local testbed of systemd hosts up and down (root only).
+
+A host = a network namespace on a private bridge + an overlay root filesystem over the shared
+Debian image + systemd as PID 1 under systemd-nspawn, started from a per-host cgroup and reached
+over SSH with strict host-key checking. See docs/TESTBED.md.
+
+Everything this module creates carries the testbed name as a prefix (`<name>-01`, `<name>-br`,
+`<name>-v1`, cgroup `m3deploy-testbed/<name>/...`), so `down` can find and remove a crashed or
+half-built testbed, and only ever touches its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from m3deploy.errors import M3Error
+
+from . import config as C
+from . import image as I
+
+SYSCTL_FILE = os.path.join(C.STATE_ROOT, ".sysctl.json")
+INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
+
+
+# ------------------------------------------------------------------ small helpers
+
+class _Log:
+    def __init__(self, log):
+        self.t0 = time.monotonic()
+        self.log = log
+
+    def __call__(self, msg: str) -> None:
+        if self.log:
+            self.log(f"[{time.monotonic() - self.t0:5.1f}s] {msg}")
+
+
+def _run(cmd, check=True, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and res.returncode != 0:
+        raise M3Error(f"command failed (exit {res.returncode}): {shlex.join(cmd)}\n{res.stderr.strip()}")
+    return res
+
+
+def _ip_json(*args) -> list:
+    out = _run(["ip", "-j", *args], check=False).stdout.strip()
+    try:
+        return json.loads(out) if out else []
+    except ValueError:
+        return []
+
+
+def _links() -> list[str]:
+    return [l["ifname"] for l in _ip_json("link", "show")]
+
+
+def _netns() -> list[str]:
+    return [n["name"] for n in _ip_json("netns", "list")]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _write_atomic(path, text, mode)
+
+
+def _ssh_banner(address: str, port: int = 22, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def cgroup_bases() -> list[str]:
+    """Cgroup hierarchies a host is placed in: named systemd (v1) + unified (v2) on hybrid machines."""
+    if os.path.exists(os.path.join(C.CGROUP_ROOT, "cgroup.controllers")):
+        return [C.CGROUP_ROOT]
+    return [os.path.join(C.CGROUP_ROOT, h) for h in C.CGROUP_HIERARCHIES
+            if os.path.isdir(os.path.join(C.CGROUP_ROOT, h))]
+
+
+def _cgroup_dirs(name: str, host: str | None = None) -> list[str]:
+    parts = [C.CGROUP_PARENT, name] + ([host] if host else [])
+    return [os.path.join(b, *parts) for b in cgroup_bases()]
+
+
+def _cgroup_pids(name: str) -> set[int]:
+    pids = set()
+    for top in _cgroup_dirs(name):
+        for dirpath, _dirs, files in os.walk(top):
+            if "cgroup.procs" in files:
+                try:
+                    with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                        pids.update(int(x) for x in f.read().split())
+                except OSError:
+                    pass
+    return pids
+
+
+# ------------------------------------------------------------------ lock
+
+@contextlib.contextmanager
+def locked(what: str):
+    """Global flock: one testbed command at a time changes the machine (bridges, sysctls, image)."""
+    os.makedirs(os.path.dirname(C.LOCK_PATH), exist_ok=True)
+    fd = os.open(C.LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
+            raise C.err_locked(holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {what}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ preflight
+
+def preflight(install_deps: bool = False, log=print) -> None:
+    if os.geteuid() != 0:
+        raise C.err_not_root()
+    missing = {t: p for t, p in C.TOOLS.items() if not shutil.which(t)}
+    if missing and install_deps:
+        pkgs = sorted(set(C.HOST_DEPS) | set(missing.values()))
+        log(f"installing {' '.join(pkgs)} (apt-get)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        res = subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=900", "install", "-y", *pkgs],
+                             capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            raise M3Error(f"apt-get install {' '.join(pkgs)} failed:\n{res.stderr[-2000:]}\n"
+                          "Fix: run `apt-get update` and try again")
+        missing = {t: p for t, p in C.TOOLS.items() if not shutil.which(t)}
+    if missing:
+        raise C.err_missing_tools(missing)
+    bases = cgroup_bases()
+    if not bases or (C.CGROUP_ROOT not in bases and not any(b.endswith("/systemd") for b in bases)):
+        raise M3Error("no usable cgroup hierarchy (need /sys/fs/cgroup/systemd or cgroup v2 at "
+                      "/sys/fs/cgroup). Fix: mount cgroups (a normal Debian 12 machine has them)")
+
+
+# ------------------------------------------------------------------ state
+
+def load_state(name: str = C.DEFAULT_NAME, root: str = C.STATE_ROOT) -> dict:
+    """The testbed's state.json as a dict; M3Error naming the fix when there is none."""
+    C.check_name(name)
+    path = C.Paths(name, root).state
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise C.err_no_state(name) from None
+    except PermissionError:
+        raise M3Error(f"cannot read {path}: permission denied. Fix: run as root (e.g. with sudo)") from None
+    except ValueError as exc:
+        raise M3Error(f"{path} is not valid JSON ({exc}). Fix: `m3deploy testbed down --name {name}` "
+                      f"then `m3deploy testbed up 3 --name {name}`") from None
+
+
+def _save_state(state: dict) -> None:
+    p = C.Paths(state["name"])
+    _write_atomic(p.state, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def list_testbeds() -> list[str]:
+    try:
+        return sorted(d for d in os.listdir(C.STATE_ROOT)
+                      if os.path.isfile(os.path.join(C.STATE_ROOT, d, "state.json")))
+    except FileNotFoundError:
+        return []
+
+
+# ------------------------------------------------------------------ sysctl
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().strip())
+
+
+def _raise_inotify(name: str, total_hosts: int, log) -> bool:
+    need = C.inotify_needed(total_hosts)
+    cur = _read_int(INOTIFY)
+    try:
+        with open(SYSCTL_FILE) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        rec = None
+    if cur >= need:
+        return False
+    if rec is None:
+        rec = {"fs.inotify.max_user_instances": cur, "raised_by": []}
+    if name not in rec["raised_by"]:
+        rec["raised_by"].append(name)
+    _write(SYSCTL_FILE, json.dumps(rec) + "\n")
+    with open(INOTIFY, "w") as f:
+        f.write(str(need))
+    log(f"fs.inotify.max_user_instances {cur} -> {need} (restored by `down`)")
+    return True
+
+
+def _restore_inotify(name: str, log) -> None:
+    try:
+        with open(SYSCTL_FILE) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return
+    if name in rec.get("raised_by", []):
+        rec["raised_by"].remove(name)
+    others = [n for n in rec.get("raised_by", []) if n != name and os.path.isdir(C.Paths(n).dir)]
+    if others:
+        rec["raised_by"] = others
+        _write(SYSCTL_FILE, json.dumps(rec) + "\n")
+        return
+    orig = rec["fs.inotify.max_user_instances"]
+    with open(INOTIFY, "w") as f:
+        f.write(str(orig))
+    os.unlink(SYSCTL_FILE)
+    log(f"fs.inotify.max_user_instances restored to {orig}")
+
+
+# ------------------------------------------------------------------ network
+
+def _ensure_bridge(name: str, subnet: str, log, changes: list) -> str:
+    br = C.bridge_name(name)
+    addr = C.bridge_address(subnet)
+    links = _links()
+    hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=br)
+    if hits:
+        raise C.err_subnet_taken(subnet, hits, name)
+    if br not in links:
+        # Bridged host-to-host traffic must not go through the machine's iptables (br_netfilter).
+        res = _run(["ip", "link", "add", br, "type", "bridge", "nf_call_iptables", "0",
+                    "nf_call_ip6tables", "0", "nf_call_arptables", "0"], check=False)
+        if res.returncode != 0:
+            _run(["ip", "link", "add", br, "type", "bridge"])
+        changes.append(f"bridge {br}")
+    have = [a["local"] for l in _ip_json("-4", "addr", "show", "dev", br) for a in l.get("addr_info", [])]
+    if addr not in have:
+        _run(["ip", "addr", "add", f"{addr}/24", "dev", br])
+        changes.append(f"address {addr}/24 on {br}")
+    _run(["ip", "link", "set", br, "up"])
+    return br
+
+
+def _ensure_host_net(name: str, i: int, subnet: str, br: str, netns: list, links: list,
+                     changes: list) -> None:
+    ns, veth, addr = C.netns_name(name, i), C.veth_name(name, i), C.host_address(subnet, i)
+    if ns not in netns:
+        _run(["ip", "netns", "add", ns])
+        changes.append(f"netns {ns}")
+    inside = [l["ifname"] for l in _ip_json("-n", ns, "link", "show")]
+    if "eth0" not in inside:
+        if veth in links:
+            _run(["ip", "link", "del", veth])
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        changes.append(f"veth {veth}")
+    _run(["ip", "link", "set", veth, "master", br, "up"])
+    have = [a["local"] for l in _ip_json("-n", ns, "-4", "addr", "show", "dev", "eth0")
+            for a in l.get("addr_info", [])]
+    if addr not in have:
+        _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"])
+    _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+
+
+# ------------------------------------------------------------------ apt proxy
+
+def _proxy_pids(name: str) -> list[int]:
+    conf = os.path.join(C.Paths(name).proxy_dir, "conf")
+    out = []
+    for pid in _all_pids():
+        cl = _cmdline(pid)
+        if cl and os.path.basename(cl[0]) == "apt-cacher-ng" and conf in cl:
+            out.append(pid)
+    return out
+
+
+def _ensure_proxy(name: str, bridge_ip: str, log, changes: list) -> dict:
+    p = C.Paths(name)
+    port = C.APT_PROXY_PORT
+    running = _proxy_pids(name)
+    if running and _port_open(bridge_ip, port):
+        return {"pid": running[0], "url": f"http://{bridge_ip}:{port}"}
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if _port_open(bridge_ip, port):
+        raise M3Error(f"port {bridge_ip}:{port} is taken by another program; the testbed's apt proxy "
+                      "needs it. Fix: stop that program (e.g. a system apt-cacher-ng listening on all "
+                      "addresses: `systemctl stop apt-cacher-ng`)")
+    conf, logd, run = (os.path.join(p.proxy_dir, d) for d in ("conf", "log", "run"))
+    for d in (conf, logd, run, p.proxy_cache):
+        os.makedirs(d, exist_ok=True)
+    debian, security = I.machine_mirrors()
+    _write(os.path.join(conf, "backends_debian"), debian + "\n")
+    _write(os.path.join(conf, "acng.conf"), C.render_acng_conf(
+        conf_dir=conf, cache_dir=p.proxy_cache, log_dir=logd, bind=bridge_ip, port=port,
+        pid_file=os.path.join(run, "pid"), socket_path=os.path.join(run, "socket"),
+        security_backend=security.rstrip("/")))
+    cmd = ["apt-cacher-ng", "-c", conf]
+    with open(os.path.join(logd, "stdout.log"), "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, cwd="/")
+    deadline = time.monotonic() + 10
+    while not _port_open(bridge_ip, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(os.path.join(logd, "stdout.log")) as f:
+                tail = f.read()[-1500:]
+            raise M3Error(f"apt-cacher-ng did not start on {bridge_ip}:{port}:\n{tail}\n"
+                          f"Fix: see {logd}; `m3deploy testbed down --name {name}` then up again")
+        time.sleep(0.02)
+    changes.append(f"apt proxy {bridge_ip}:{port} (backend {debian})")
+    return {"pid": proc.pid, "url": f"http://{bridge_ip}:{port}"}
+
+
+# ------------------------------------------------------------------ hosts
+
+def _nspawn_pids(name: str) -> dict[int, str]:
+    """pid -> host name of every systemd-nspawn of testbed `name` (found from /proc)."""
+    found = {}
+    marker = f"--network-namespace-path=/run/netns/{name}-"
+    for pid in _all_pids():
+        cl = _cmdline(pid)
+        if cl and os.path.basename(cl[0]) == "systemd-nspawn":
+            for arg in cl:
+                if arg.startswith(marker):
+                    found[pid] = arg.rsplit("/", 1)[1]
+    return found
+
+
+def _seed_upper(p: C.Paths, host: str, address: str, bridge_ip: str) -> str:
+    """Write the host's own files into its overlay upper dir (before boot). Returns its machine-id."""
+    upper = os.path.join(p.host_dir(host), "upper")
+    for d, mode in (("", 0o755), ("etc", 0o755), ("root", 0o700), ("root/.ssh", 0o700),
+                    ("etc/apt", 0o755), ("etc/apt/apt.conf.d", 0o755)):
+        path = os.path.join(upper, d)
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, mode)
+    mid_path = os.path.join(upper, "etc/machine-id")
+    mid = ""
+    if os.path.exists(mid_path):
+        with open(mid_path) as f:
+            mid = f.read().strip()
+    if len(mid) != 32:
+        mid = uuid.uuid4().hex
+        _write(mid_path, mid + "\n", 0o444)
+    if not os.path.exists(os.path.join(upper, "etc/hostname")):
+        _write(os.path.join(upper, "etc/hostname"), host + "\n")
+        _write(os.path.join(upper, "etc/hosts"), C.render_etc_hosts(host, address))
+    with open(p.pubkey) as f:
+        _write(os.path.join(upper, "root/.ssh/authorized_keys"), f.read(), 0o600)
+    _write(os.path.join(upper, "etc/apt/apt.conf.d/01m3-testbed-proxy"), C.render_apt_proxy_conf(bridge_ip))
+    return mid
+
+
+def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str) -> int:
+    hd = p.host_dir(host)
+    upper, work, merged = (os.path.join(hd, d) for d in ("upper", "work", "merged"))
+    for d in (work, merged):
+        os.makedirs(d, exist_ok=True)
+    procs = []
+    for cg in _cgroup_dirs(name, host):
+        os.makedirs(cg, exist_ok=True)
+        procs.append(os.path.join(cg, "cgroup.procs"))
+    nspawn = ["systemd-nspawn", "--quiet", "--boot", "--register=no", "--keep-unit",
+              "--console=passive", "--link-journal=no", "-D", merged, "-M", host, f"--hostname={host}",
+              f"--uuid={mid}", "--resolv-conf=off", "--timezone=off",
+              f"--network-namespace-path=/run/netns/{ns}"]
+    mount = ["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={image},upperdir={upper},workdir={work}", merged]
+    inner = f"{shlex.join(mount)} && exec {shlex.join(nspawn)}"
+    script = "".join(f"echo $$ > {shlex.quote(pr)} && " for pr in procs) + \
+        f"exec unshare --mount --propagation private /bin/sh -c {shlex.quote(inner)}"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_NSPAWN_LOCK": "0", "LANG": "C.UTF-8"}
+    with open(os.path.join(hd, "console.log"), "ab") as out:
+        proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                cwd="/", env=env)
+    return proc.pid
+
+
+def _read_host_key(p: C.Paths, host: str) -> str | None:
+    path = os.path.join(p.host_dir(host), "upper/etc/ssh/ssh_host_ed25519_key.pub")
+    try:
+        with open(path) as f:
+            parts = f.read().split()
+    except OSError:
+        return None
+    if len(parts) >= 2 and parts[0] == "ssh-ed25519":
+        return f"{parts[0]} {parts[1]}"
+    return None
+
+
+def _console_tail(p: C.Paths, host: str, n: int = 2000) -> str:
+    try:
+        with open(os.path.join(p.host_dir(host), "console.log"), errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------ up
+
+def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_deps: bool = False,
+       include=None, timeout: float = 90.0, log=print) -> dict:
+    """Bring testbed `name` to at least `n` running hosts. Idempotent. Returns the state."""
+    C.check_name(name)
+    C.check_count(n)
+    say = _Log(log)
+    preflight(install_deps, log=say)
+    p = C.Paths(name)
+    with locked(f"up {n} --name {name}"):
+        say(f"testbed {name}: want {n} host(s)")
+        try:
+            old = load_state(name)
+        except M3Error:
+            old = None
+        if old and subnet and subnet != old["subnet"]:
+            raise M3Error(f"testbed {name!r} already runs on {old['subnet']}, not {subnet}. Fix: "
+                          f"`m3deploy testbed down --name {name}` first, or leave out --subnet")
+        subnet = old["subnet"] if old else (subnet or C.DEFAULT_SUBNET)
+        C.parse_subnet(subnet)
+        C.host_address(subnet, n)  # fits?
+        include = tuple(old["include"]) if old else tuple(include or C.BASE_INCLUDE)
+        changes: list[str] = []
+        hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=C.bridge_name(name))
+        if hits:  # before anything is made
+            raise C.err_subnet_taken(subnet, hits, name)
+
+        os.makedirs(p.dir, mode=0o755, exist_ok=True)
+        os.makedirs(p.control_dir, mode=0o700, exist_ok=True)
+        if old and not os.path.isdir(old["image"]):
+            raise M3Error(f"testbed {name!r} was built on image {old['image']}, which is gone "
+                          f"(cache purged?). Fix: `m3deploy testbed down --name {name}` then up again")
+        image = old["image"] if old else I.ensure_image(include, log=say)
+        if not os.path.exists(p.key):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"m3deploy-testbed-{name}",
+                  "-f", p.key])
+            changes.append("SSH key")
+        os.chmod(p.key, 0o600)
+
+        br = _ensure_bridge(name, subnet, say, changes)
+        bridge_ip = C.bridge_address(subnet)
+        proxy = _ensure_proxy(name, bridge_ip, say, changes)
+        if changes:
+            say(f"bridge {br} {bridge_ip}/24, apt proxy {proxy['url']}")
+
+        count = max(n, len(old["hosts"]) if old else 0)
+        total = count + sum(len(load_state(o)["hosts"]) for o in list_testbeds() if o != name)
+        if _raise_inotify(name, total, say):
+            changes.append("sysctl fs.inotify.max_user_instances")
+
+        running = _nspawn_pids(name)           # pid -> netns
+        by_ns = {ns: pid for pid, ns in running.items()}
+        netns, links = _netns(), _links()
+        hosts, launched = [], []
+        old_hosts = {h["name"]: h for h in (old or {}).get("hosts", [])}
+        for i in range(1, count + 1):
+            host, ns = C.host_name(name, i), C.netns_name(name, i)
+            addr = C.host_address(subnet, i)
+            h = {"name": host, "index": i, "address": addr, "netns": ns,
+                 "veth": C.veth_name(name, i), "dir": p.host_dir(host),
+                 "cgroups": _cgroup_dirs(name, host)}
+            _ensure_host_net(name, i, subnet, br, netns, links, changes)
+            pid = by_ns.get(ns)
+            if pid and _alive(pid):
+                h["pid"] = pid
+                h["machine_id"] = old_hosts.get(host, {}).get("machine_id") or ""
+            else:
+                stray = set()
+                for cg in _cgroup_dirs(name, host):   # leftovers of a crashed host
+                    for d, _, files in os.walk(cg):
+                        with contextlib.suppress(OSError):
+                            stray.update(int(x) for x in open(os.path.join(d, "cgroup.procs")).read().split())
+                if stray:
+                    _kill(stray, signal.SIGKILL)
+                    _wait_gone(stray, 5)
+                mid = _seed_upper(p, host, addr, bridge_ip)
+                h["pid"] = _launch(p, name, host, ns, image, mid)
+                h["machine_id"] = mid
+                launched.append(h)
+                changes.append(f"host {host}")
+            hosts.append(h)
+        if launched:
+            say(f"booting {len(launched)} host(s): {', '.join(h['name'] for h in launched)}")
+
+        # Wait for each host: its own SSH host key on its disk, then sshd answering on its address.
+        pending = {h["name"]: h for h in hosts}
+        deadline = time.monotonic() + timeout
+        while pending:
+            for hname, h in list(pending.items()):
+                if not _alive(h["pid"]):
+                    raise M3Error(f"host {hname} stopped while booting. Console:\n{_console_tail(p, hname)}\n"
+                                  f"Fix: see {h['dir']}/console.log; `m3deploy testbed down --name {name}` "
+                                  "then up again")
+                key = h.get("host_key") or _read_host_key(p, hname)
+                if key:
+                    h["host_key"] = key
+                    if _ssh_banner(h["address"]):
+                        del pending[hname]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(sorted(pending))
+                raise M3Error(f"hosts did not answer SSH within {timeout:.0f} s: {names}. Console of "
+                              f"{min(pending)}:\n{_console_tail(p, min(pending))}\nFix: run `up` again "
+                              f"(it resumes), or `m3deploy testbed down --name {name}`")
+            if pending:
+                time.sleep(0.05)
+        if launched:
+            say(f"{len(launched)} host(s) up, sshd answering")
+
+        known = C.render_known_hosts(hosts)
+        cfg = C.render_ssh_config(name, hosts, p.key, p.known_hosts, p.control_dir)
+        for path, text in ((p.known_hosts, known), (p.ssh_config, cfg)):
+            try:
+                with open(path) as f:
+                    same = f.read() == text
+            except OSError:
+                same = False
+            if not same:
+                _write_atomic(path, text)
+                changes.append(os.path.basename(path))
+        state = {
+            "version": 1,
+            "name": name,
+            "subnet": subnet,
+            "bridge": {"name": br, "address": bridge_ip},
+            "image": image,
+            "include": list(include),
+            "apt_proxy": proxy,
+            "ssh": {"private_key": p.key, "public_key": p.pubkey, "known_hosts": p.known_hosts,
+                    "ssh_config": p.ssh_config, "control_dir": p.control_dir, "user": "root"},
+            "state_dir": p.dir,
+            "hosts": hosts,
+        }
+        if old != state:
+            _save_state(state)
+        if changes:
+            say(f"testbed {name}: {len(hosts)} host(s) up ({', '.join(h['address'] for h in hosts[:3])}"
+                f"{', ...' if len(hosts) > 3 else ''}); ssh -F {p.ssh_config} {hosts[0]['name']}")
+        else:
+            extra = f" (has {len(hosts)} > {n}; `down` first to shrink)" if len(hosts) > n else ""
+            say(f"testbed {name}: no change, {len(hosts)} host(s) up{extra}")
+        state["changed"] = bool(changes)
+        return state
+
+
+# ------------------------------------------------------------------ down
+
+def _wait_gone(pids, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _alive(p)]
+    return left
+
+
+def _kill(pids, sig) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> list[str]:
+    """Remove everything testbed `name` made (works from state and from discovery by prefix)."""
+    C.check_name(name)
+    say = _Log(log)
+    if os.geteuid() != 0:
+        raise C.err_not_root()
+    p = C.Paths(name)
+    removed: list[str] = []
+    with locked(f"down --name {name}"):
+        try:
+            state = load_state(name)
+        except M3Error:
+            state = {}
+        # 1. hosts: SIGTERM to nspawn = clean poweroff of the host's systemd.
+        nspawn = set(_nspawn_pids(name))
+        for h in state.get("hosts", []):
+            if h.get("pid") and "systemd-nspawn" in " ".join(_cmdline(h["pid"])[:1]):
+                nspawn.add(h["pid"])
+        if nspawn:
+            say(f"stopping {len(nspawn)} host(s)")
+            _kill(nspawn, signal.SIGTERM)
+            left = _wait_gone(nspawn, 15)
+            if left:
+                say(f"{len(left)} host(s) did not power off in 15 s: killing")
+                _kill(left, signal.SIGKILL)
+            removed.append(f"{len(nspawn)} host(s)")
+        for _ in range(3):
+            stray = _cgroup_pids(name)
+            if not stray:
+                break
+            _kill(stray, signal.SIGKILL)
+            _wait_gone(stray, 3)
+        # 2. the apt proxy and ssh control masters
+        proxies = _proxy_pids(name)
+        if proxies:
+            _kill(proxies, signal.SIGTERM)
+            left = _wait_gone(proxies, 5)
+            _kill(left, signal.SIGKILL)
+            _wait_gone(left, 2)
+            removed.append("apt proxy")
+        masters = [pid for pid in _all_pids()
+                   if (cl := _cmdline(pid)) and cl[0].startswith("ssh:") and p.control_dir + "/" in cl[0]]
+        _kill(masters, signal.SIGTERM)
+        # 3. network: namespaces (takes their veth peers along), then leftover links, bridge last
+        for ns in _netns():
+            if C.owned_by(name, ns):
+                _run(["ip", "netns", "del", ns], check=False)
+                removed.append(f"netns {ns}")
+        br = C.bridge_name(name)
+        for link in sorted(_links(), key=lambda l: l == br):
+            if C.owned_by(name, link):
+                _run(["ip", "link", "del", link], check=False)
+                removed.append(f"link {link}")
+        # 4. mounts (normally none: overlays live in each host's private mount namespace)
+        mounts = _run(["findmnt", "-rn", "-o", "TARGET"], check=False).stdout.split()
+        for m in sorted((m for m in mounts if m.startswith(p.dir + "/")), reverse=True):
+            _run(["umount", "-l", m], check=False)
+            removed.append(f"mount {m}")
+        # 5. cgroups, deepest first
+        for top in _cgroup_dirs(name):
+            if not os.path.isdir(top):
+                continue
+            for dirpath, _d, _f in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+                for _ in range(20):
+                    try:
+                        os.rmdir(dirpath)
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        _kill(_cgroup_pids(name), signal.SIGKILL)
+                        time.sleep(0.05)
+            parent = os.path.dirname(top)
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)  # m3deploy-testbed/, only when no other testbed uses it
+            removed.append(f"cgroups {top}")
+        # 6. what the tools leave: nspawn's propagate dirs; /run/netns (a mount `ip netns add`
+        #    makes) once no namespace at all is left in it
+        prop = "/run/systemd/nspawn/propagate"
+        if os.path.isdir(prop):
+            for d in os.listdir(prop):
+                if C.owned_by(name, d):
+                    shutil.rmtree(os.path.join(prop, d), ignore_errors=True)
+            for d in (prop, os.path.dirname(prop)):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        if os.path.isdir("/run/netns") and not os.listdir("/run/netns"):
+            for _ in range(4):
+                if _run(["umount", "/run/netns"], check=False).returncode != 0:
+                    break
+            with contextlib.suppress(OSError):
+                os.rmdir("/run/netns")
+        # 7. sysctl, files
+        _restore_inotify(name, say)
+        if os.path.isdir(p.dir):
+            shutil.rmtree(p.dir)
+            removed.append(p.dir)
+        for d in (C.STATE_ROOT, os.path.dirname(C.STATE_ROOT)):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        if purge_cache:
+            for path in (p.proxy_cache, os.path.join(C.CACHE_ROOT, "images")):
+                if os.path.exists(path):
+                    shutil.rmtree(path)
+                    removed.append(path)
+            for path in (os.path.join(C.CACHE_ROOT, "apt-cache"), C.CACHE_ROOT):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+        say(f"testbed {name}: down" + ("" if removed else " (nothing was there)"))
+    return removed
+
+
+# ------------------------------------------------------------------ status & ssh
+
+def ssh_argv(name: str, host: str, *cmd: str) -> list[str]:
+    st = load_state(name)
+    return ["ssh", "-F", st["ssh"]["ssh_config"], host, *cmd]
+
+
+def run_on(name: str, host: str, cmd: str, timeout: float = 60, check: bool = False):
+    """Run a shell command on a testbed host over SSH (strict host keys). Returns CompletedProcess."""
+    res = subprocess.run(ssh_argv(name, host, cmd), capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise M3Error(f"{host}: `{cmd}` failed (exit {res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def _container_pid1(nspawn_pid: int) -> int | None:
+    try:
+        with open(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children") as f:
+            kids = f.read().split()
+        return int(kids[0]) if kids else None
+    except OSError:
+        return None
+
+
+def _host_status(name: str, h: dict) -> dict:
+    out = {"name": h["name"], "address": h["address"], "netns": h["netns"],
+           "process": _alive(h.get("pid")), "sshd": False, "systemd": "absent"}
+    if not out["process"]:
+        return out
+    out["sshd"] = _ssh_banner(h["address"], timeout=1.0)
+    try:
+        res = run_on(name, h["name"], "systemctl is-system-running", timeout=10)
+        if res.returncode == 255:
+            raise OSError(res.stderr)
+        out["systemd"] = res.stdout.strip() or "unknown"
+        out["ssh_login"] = True
+    except (OSError, subprocess.TimeoutExpired):
+        out["ssh_login"] = False
+        pid1 = _container_pid1(h["pid"])
+        if pid1:
+            res = _run(["nsenter", "-t", str(pid1), "-m", "-u", "-i", "-n", "-p",
+                        "systemctl", "is-system-running"], check=False)
+            out["systemd"] = res.stdout.strip() or "unknown"
+    return out
+
+
+def status(name: str = C.DEFAULT_NAME) -> dict:
+    if os.geteuid() != 0:
+        raise C.err_not_root()
+    st = load_state(name)
+    with ThreadPoolExecutor(max_workers=16) as ex:
+        hosts = list(ex.map(lambda h: _host_status(name, h), st["hosts"]))
+    proxy_up = _port_open(st["bridge"]["address"], C.APT_PROXY_PORT)
+    return {"name": name, "subnet": st["subnet"], "bridge": st["bridge"],
+            "bridge_present": st["bridge"]["name"] in _links(),
+            "apt_proxy": {**st["apt_proxy"], "answers": proxy_up},
+            "ssh_config": st["ssh"]["ssh_config"], "hosts": hosts}

@@ -1,0 +1,301 @@
+"""End-to-end: the local testbed itself (needs root, systemd-container, debootstrap, apt-cacher-ng).
+
+Brings up 3 hosts once per session under a test-only name and range (m3e2e, 10.78.0.0/24) so it
+never touches a user's testbed (m3tb, 10.77.0.0/24), checks what a host must be, then brings the
+testbed down and checks that nothing is left. Tests run in file order; the last one is `down`.
+"""
+
+import json
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+NAME = "m3e2e"
+SUBNET = "10.78.0.0/24"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+CLI = [sys.executable, "-m", "m3deploy.testbed.cli"]
+INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
+
+
+def cli(*args, check=True, timeout=300):
+    res = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def state():
+    with open(f"{STATE_DIR}/state.json") as f:
+        return json.load(f)
+
+
+def ssh(host, cmd, *opts, check=True, timeout=120):
+    res = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", *opts, host, cmd],
+                         capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def tb():
+    if os.geteuid() != 0:
+        pytest.skip("the testbed needs root")
+    for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
+    cli("down", "--name", NAME)          # a leftover of an earlier, interrupted run
+    with open(INOTIFY) as f:
+        inotify_before = f.read().strip()
+    t0 = time.monotonic()
+    res = cli("up", "3", "--name", NAME, "--subnet", SUBNET)
+    info = {"up_s": time.monotonic() - t0, "up_out": res.stdout, "inotify_before": inotify_before}
+    yield info
+    cli("down", "--name", NAME, check=False)
+
+
+def test_up_writes_state_keys_and_ssh_config(tb):
+    st = state()
+    assert [h["name"] for h in st["hosts"]] == ["m3e2e-01", "m3e2e-02", "m3e2e-03"]
+    assert [h["address"] for h in st["hosts"]] == ["10.78.0.10", "10.78.0.11", "10.78.0.12"]
+    assert st["bridge"] == {"name": "m3e2e-br", "address": "10.78.0.1"}
+    assert os.stat(st["ssh"]["private_key"]).st_mode & 0o777 == 0o600
+    cfg = open(st["ssh"]["ssh_config"]).read()
+    assert "StrictHostKeyChecking yes" in cfg and "ControlPath" in cfg and "HostName 10.78.0.12" in cfg
+    known = open(st["ssh"]["known_hosts"]).read().splitlines()
+    assert len(known) == 3 and len({line.split()[2] for line in known}) == 3  # one key per host
+    assert "booting 3 host(s)" in tb["up_out"]
+
+
+def test_hosts_outlive_the_up_command_in_their_own_session(tb):
+    for h in state()["hosts"]:
+        assert os.path.exists(f"/proc/{h['pid']}")
+        assert os.getsid(h["pid"]) != os.getsid(0)
+
+
+def test_own_hostname_and_machine_id(tb):
+    ids = set()
+    for h in state()["hosts"]:
+        out = ssh(h["name"], "hostname; cat /etc/machine-id").stdout.split()
+        assert out[0] == h["name"]
+        ids.add(out[1])
+    assert len(ids) == 3
+
+
+def test_filesystems_are_isolated(tb):
+    ssh("m3e2e-01", "echo secret > /root/only-on-01 && touch /etc/only-on-01")
+    for other in ("m3e2e-02", "m3e2e-03"):
+        res = ssh(other, "ls /root/only-on-01 /etc/only-on-01", check=False)
+        assert res.returncode != 0
+    assert not os.path.exists(os.path.join(state()["image"], "root/only-on-01"))
+
+
+def test_systemd_is_pid1_and_running(tb):
+    for h in state()["hosts"]:
+        res = ssh(h["name"], "systemctl is-system-running --wait; ps -p 1 -o comm=", check=False)
+        lines = res.stdout.split()
+        # `running` is what we get (no failed units); `degraded` would still be a usable host.
+        assert lines[0] in ("running", "degraded"), res.stdout + ssh(h["name"], "systemctl --failed", check=False).stdout
+        assert lines[0] == "running", ssh(h["name"], "systemctl --failed", check=False).stdout
+        assert lines[1] == "systemd"
+        assert ssh(h["name"], "systemctl is-active ssh").stdout.strip() == "active"
+
+
+def test_network_only_the_bridge(tb):
+    out = ssh("m3e2e-02", "ip -4 route; ip -4 -o addr show dev eth0").stdout
+    assert "default" not in out and "10.78.0.11/24" in out
+    # hosts reach each other over the bridge
+    banner = ssh("m3e2e-02", "timeout 3 bash -c 'head -c 7 </dev/tcp/10.78.0.12/22'").stdout
+    assert banner.startswith("SSH-2.0")
+
+
+def test_strict_host_keys_refuse_a_wrong_key(tb, tmp_path):
+    st = state()
+    h1, h2 = st["hosts"][0], st["hosts"][1]
+    no_mux = ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    ok = ssh(h1["name"], "true", *no_mux, check=False)
+    assert ok.returncode == 0, ok.stderr
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"{h1['name']},{h1['address']} {h2['host_key']}\n")
+    bad = ssh(h1["name"], "true", *no_mux, "-o", f"UserKnownHostsFile={wrong}", check=False)
+    assert bad.returncode == 255 and "verification failed" in bad.stderr.lower()
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    unknown = ssh(h1["name"], "true", *no_mux, "-o", f"UserKnownHostsFile={empty}", check=False)
+    assert unknown.returncode == 255 and "verification failed" in unknown.stderr.lower()
+    # key-only root login: a key the host does not know gets no password prompt, just a refusal
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    res = subprocess.run(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                          "-o", f"UserKnownHostsFile={st['ssh']['known_hosts']}",
+                          "-o", "StrictHostKeyChecking=yes", "-i", str(other), f"root@{h1['address']}", "true"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 255 and "permission denied (publickey)" in res.stderr.lower(), res.stderr
+
+
+def test_testinfra_with_ssh_config(tb):
+    testinfra = pytest.importorskip("testinfra")
+    for h in state()["hosts"]:
+        host = testinfra.get_host(f"ssh://{h['name']}", ssh_config=f"{STATE_DIR}/ssh_config")
+        assert host.file("/etc/hostname").content_string.strip() == h["name"]
+        assert host.service("ssh").is_running
+
+
+def test_pyinfra_inventory(tb):
+    env = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        inv = runpy.run_path(os.path.join(REPO, "inventories/testbed.py"))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert [n for n, _ in inv["control"]] == ["m3e2e-01"]
+    assert [n for n, _ in inv["workers"]] == ["m3e2e-02", "m3e2e-03"]
+    data = dict(inv["workers"])["m3e2e-03"]
+    assert data["ssh_hostname"] == data["m3_address"] == "10.78.0.12"
+    assert data["ssh_strict_host_key_checking"] == "yes" and data["m3_interface"] == "eth0"
+    res = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventories/testbed.py", "exec", "--",
+                          "cat /etc/hostname"], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for n in ("m3e2e-01", "m3e2e-02", "m3e2e-03"):
+        assert f"[{n}] {n}" in res.stdout + res.stderr
+
+
+def test_inventory_without_testbed_names_the_fix():
+    env = {**os.environ, "M3_TESTBED": "m3none"}
+    res = subprocess.run([sys.executable, "-c", "import runpy; runpy.run_path('inventories/testbed.py')"],
+                         capture_output=True, text=True, cwd=REPO, env=env)
+    assert res.returncode != 0 and "m3deploy testbed up 3 --name m3none" in res.stderr
+
+
+def test_apt_install_through_the_proxy(tb):
+    st = state()
+    res = ssh("m3e2e-02", "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q tree"
+                          " && tree --version", timeout=300)
+    assert "tree v" in res.stdout
+    assert ssh("m3e2e-03", "command -v tree", check=False).returncode != 0  # only on 02
+    listen = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+    port = st["apt_proxy"]["url"].rsplit(":", 1)[1]
+    socks = [line.split()[3] for line in listen.splitlines() if line.split()[3].endswith(f":{port}")]
+    assert socks == [f"10.78.0.1:{port}"]  # the bridge address only
+
+
+def test_up_again_changes_nothing(tb):
+    before = open(f"{STATE_DIR}/state.json").read()
+    res = cli("up", "3", "--name", NAME)
+    assert "no change" in res.stdout
+    assert open(f"{STATE_DIR}/state.json").read() == before
+    res = cli("up", "3", "--name", NAME, "--subnet", "10.79.0.0/24", check=False)
+    assert res.returncode == 1 and "already runs on 10.78.0.0/24" in res.stderr
+
+
+def test_up_repairs_a_crashed_host_and_grows(tb):
+    st = state()
+    h3 = st["hosts"][2]
+    # crash host 03: kill everything in its cgroup (nspawn + its systemd)
+    pids = {h3["pid"]}
+    for cg in h3["cgroups"]:
+        for d, _, files in os.walk(cg):
+            pids.update(int(p) for p in open(os.path.join(d, "cgroup.procs")).read().split())
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    res = cli("up", "4", "--name", NAME)
+    assert "m3e2e-03" in res.stdout and "m3e2e-04" in res.stdout
+    st2 = state()
+    assert [h["pid"] for h in st2["hosts"][:2]] == [h["pid"] for h in st["hosts"][:2]]
+    assert st2["hosts"][2]["host_key"] == h3["host_key"]       # same disk, same identity
+    assert ssh("m3e2e-03", "hostname", "-o", "ControlPath=none").stdout.strip() == "m3e2e-03"
+    assert ssh("m3e2e-04", "hostname").stdout.strip() == "m3e2e-04"
+    out = cli("status", "--name", NAME).stdout
+    assert out.count("running") >= 4
+
+
+def test_down_leaves_nothing(tb):
+    st = state()
+    pids = [h["pid"] for h in st["hosts"]] + [st["apt_proxy"]["pid"]]
+    t0 = time.monotonic()
+    cli("down", "--name", NAME)
+    down_s = time.monotonic() - t0
+    assert down_s < 10
+    assert not any(n.startswith(NAME + "-") for n in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"{NAME}-" not in links
+    mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET,OPTIONS"], capture_output=True, text=True).stdout
+    assert NAME not in mounts and STATE_DIR not in mounts
+    for base in os.listdir("/sys/fs/cgroup"):
+        assert not os.path.exists(f"/sys/fs/cgroup/{base}/m3deploy-testbed/{NAME}")
+    assert not os.path.exists(STATE_DIR)
+    with open(INOTIFY) as f:
+        assert f.read().strip() == tb["inotify_before"]
+    # processes: gone (a zombie waits for PID 1 to reap it; allow a few seconds)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cmd = open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            assert STATE_DIR not in cmd and f"/run/netns/{NAME}-" not in cmd, cmd
+    listen = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+    assert "10.78.0.1:" not in listen
+    assert os.path.isdir(os.path.join(st["image"]))  # the image cache stays
+    again = cli("down", "--name", NAME)
+    assert "nothing was there" in again.stdout
+
+
+def test_down_cleans_a_half_built_testbed():
+    """No state.json, only leftovers found by name prefix (e.g. `up` killed half-way)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    name = "m3e2h"
+    subprocess.run(["ip", "netns", "add", f"{name}-01"], check=True)
+    subprocess.run(["ip", "link", "add", f"{name}-br", "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "add", f"{name}-v2", "type", "veth", "peer", "name", "eth0",
+                    "netns", f"{name}-01"], check=True)
+    cg = f"/sys/fs/cgroup/systemd/m3deploy-testbed/{name}/{name}-01/sub"
+    if os.path.isdir("/sys/fs/cgroup/systemd"):
+        os.makedirs(cg)
+    os.makedirs(f"/var/lib/m3deploy/testbed/{name}/hosts/{name}-01/upper", exist_ok=True)
+    res = cli("down", "--name", name)
+    assert "down" in res.stdout
+    assert f"{name}-" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"{name}-" not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert not os.path.exists(f"/sys/fs/cgroup/systemd/m3deploy-testbed/{name}")
+    assert not os.path.exists(f"/var/lib/m3deploy/testbed/{name}")
+
+
+def test_lock_is_exclusive():
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    from m3deploy.errors import M3Error
+    from m3deploy.testbed import core
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import time; from m3deploy.testbed import core\n"
+                               "with core.locked('up 9 --name other'):\n    print('held', flush=True); time.sleep(5)"],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert holder.stdout.readline().strip() == "held"
+    try:
+        with pytest.raises(M3Error, match=r"up 9 --name other"):
+            core.down("m3e2l", log=None)
+    finally:
+        holder.kill()
+        holder.wait()
