@@ -1,0 +1,50 @@
+"""Private helpers of the GPU-host roles (drivers, runtime): apt options, the NVIDIA CUDA apt repository,
+the supported-OS guard. No decisions about flags or env here."""
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.operations import apt
+
+from m3deploy import facts as F
+from m3deploy.errors import M3Error
+
+APT_LOCK = "-o DPkg::Lock::Timeout=900"  # fresh cloud hosts run unattended-upgrades at boot
+SUPPORTED = {("ubuntu", "22.04"), ("ubuntu", "24.04")}
+CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
+
+
+def require_ubuntu(what: str) -> dict:
+    os_ = host.get_fact(F.OsInfo)
+    if (os_["id"], os_["version_id"]) not in SUPPORTED:
+        raise M3Error(f"host {host.name}: cannot {what} on {os_['pretty'] or os_['id'] or 'this OS'}: the roles "
+                      "support Ubuntu 22.04 and 24.04. Fix: install it by hand (preflight accepts a working "
+                      "driver as found) or use a supported OS")
+    return os_
+
+
+def cuda_repo_url(os_: dict) -> str:
+    """NVIDIA's CUDA apt repository for this host (m3_nvidia_repo_url overrides, e.g. a local mirror)."""
+    url = host.data.get("m3_nvidia_repo_url")
+    if url:
+        return url.rstrip("/") + "/"
+    distro = "ubuntu" + os_["version_id"].replace(".", "")
+    arch = "sbsa" if os_.get("arch") == "aarch64" else "x86_64"
+    return f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
+
+
+def ensure_cuda_repo(os_: dict) -> bool:
+    """Add NVIDIA's apt repository (cuda-keyring) unless installed. True when apt needs an update."""
+    if "cuda-keyring" in host.get_fact(F.NvidiaPackages):
+        return False
+    apt.deb(name="Install NVIDIA's CUDA apt repository (cuda-keyring)", src=cuda_repo_url(os_) + CUDA_KEYRING)
+    return True
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in (v or "").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)

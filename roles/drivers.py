@@ -1,0 +1,146 @@
+"""GPU drivers: NVIDIA (vendor CUDA apt repo, driver pinned to a branch, fabric manager on HGX, IMEX on
+GB200) or AMD (amdgpu-install, ROCm 7.2+, render/video groups). Skips whatever is already right and
+reboots only when allowed; otherwise fails the host with a message naming it.
+
+Reads host_plan(): gpu_vendor, gpus, platform; cluster_plan().hosts (IMEX peers). Data keys:
+- m3_nvidia_driver_branch (default "580"), m3_nvidia_driver_flavor ("open" | "proprietary", "open")
+- m3_nvidia_repo_url (default NVIDIA's CUDA repo for the host's Ubuntu release and arch)
+- m3_fabric_manager (default: platform is HGX: h100, h200, h20, b200, b300), m3_imex (default: gb200)
+- m3_rocm_version (default "7.2"), m3_amdgpu_install_deb (URL of amdgpu-install's .deb),
+  m3_amdgpu_usecase (default "dkms,rocm"), m3_gpu_users (users to add to render + video; default [])
+- m3_allow_reboot (default False)
+"""
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.files import File
+from pyinfra.operations import apt, files, server, systemd
+
+from m3deploy import facts as F
+from roles import _gpu
+
+HGX = {"h100", "h200", "h20", "b200", "b300"}
+IMEX_PLATFORMS = {"gb200", "gb300"}
+IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
+
+
+@deploy("GPU drivers")
+def deploy_drivers():
+    from m3deploy import context
+
+    hp = context.host_plan()
+    if hp.gpus <= 0 or hp.gpu_vendor not in ("nvidia", "amd"):
+        return
+    if hp.gpu_vendor == "nvidia":
+        installing = _install_nvidia(hp)
+        _reboot_if_needed(installing, "nvidia-smi -L")
+        _nvidia_services(hp, installing)
+    else:
+        installing = _install_rocm(hp)
+        _reboot_if_needed(installing, "amd-smi list || rocm-smi")
+
+
+def _fabric_manager(hp) -> bool:
+    v = host.data.get("m3_fabric_manager")
+    return hp.platform in HGX if v is None else bool(v)
+
+
+def _imex(hp) -> bool:
+    v = host.data.get("m3_imex")
+    return hp.platform in IMEX_PLATFORMS if v is None else bool(v)
+
+
+def _install_nvidia(hp) -> bool:
+    """Install what is missing. True when the driver itself is (re)installed in this run."""
+    if host.get_fact(File, path="/etc/dgx-release"):
+        return False  # DGX OS manages its own driver stack
+    branch = str(host.data.get("m3_nvidia_driver_branch") or "580")
+    flavor = host.data.get("m3_nvidia_driver_flavor") or "open"
+    driver_pkg = f"nvidia-driver-{branch}-open" if flavor == "open" else f"nvidia-driver-{branch}"
+    want = [driver_pkg]
+    if _fabric_manager(hp):
+        want.append(f"nvidia-fabricmanager-{branch}")
+    if _imex(hp):
+        want.append(f"nvidia-imex-{branch}")
+    pkgs = host.get_fact(F.NvidiaPackages)
+    loaded = host.get_fact(F.NvidiaDriver)["version"]
+    missing = [p for p in want if p not in pkgs]
+    if driver_pkg in missing and F.nvidia_driver_branch(loaded) == int(branch):
+        missing.remove(driver_pkg)  # the right branch is loaded (runfile, image or DGX install): keep it
+    if not missing:
+        return False
+    os_ = _gpu.require_ubuntu(f"install {', '.join(missing)}")
+    update = _gpu.ensure_cuda_repo(os_)
+    apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=update,
+                 extra_install_args=_gpu.APT_LOCK)
+    return driver_pkg in missing
+
+
+def _nvidia_services(hp, installing: bool) -> None:
+    services = host.get_fact(F.GpuServices)
+    if _imex(hp):
+        from m3deploy import context
+
+        peers = [h.address for h in context.cluster_plan().hosts if h.platform == hp.platform and h.gpus]
+        files.put(name=f"Render {IMEX_NODES}", src=StringIO("\n".join(peers) + "\n"), dest=IMEX_NODES,
+                  mode="644", create_remote_dir=True)
+    for name, wanted in (("nvidia-fabricmanager", _fabric_manager(hp)), ("nvidia-imex", _imex(hp))):
+        st = services.get(name) or {}
+        if not wanted or (st.get("active") == "active" and st.get("enabled") == "enabled"):
+            continue
+        systemd.service(name=f"Enable and start {name}", service=name, running=True, enabled=True,
+                        daemon_reload=installing)
+
+
+def _install_rocm(hp) -> bool:
+    want = str(host.data.get("m3_rocm_version") or "7.2")
+    rocm = host.get_fact(F.RocmVersion)
+    devices = host.get_fact(F.AmdDevices)
+    installing = False
+    if not (rocm and _gpu.version_tuple(rocm)[:2] >= _gpu.version_tuple(want)[:2] and devices["kfd"]):
+        os_ = _gpu.require_ubuntu(f"install ROCm {want}")
+        kernel = os_["kernel"]
+        apt.deb(name=f"Install amdgpu-install {want}",
+                src=host.data.get("m3_amdgpu_install_deb") or amdgpu_install_url(want, os_["codename"]))
+        apt.packages(name=f"Install kernel headers and extra modules for {kernel}",
+                     packages=[f"linux-headers-{kernel}", f"linux-modules-extra-{kernel}"], update=True,
+                     extra_install_args=_gpu.APT_LOCK)
+        usecase = host.data.get("m3_amdgpu_usecase") or "dkms,rocm"
+        server.shell(name=f"Install ROCm {want} and the amdgpu driver ({usecase})",
+                     commands=[f"DEBIAN_FRONTEND=noninteractive amdgpu-install -y --usecase={shlex.quote(usecase)}"])
+        installing = True
+    for user in host.data.get("m3_gpu_users") or []:
+        groups = host.get_fact(F.AmdDevices, user=user)["groups"]
+        missing = [g for g in ("render", "video") if g not in groups]
+        if missing:
+            server.shell(name=f"Add {user} to the {' and '.join(missing)} group(s)",
+                         commands=[f"usermod -aG {','.join(missing)} {shlex.quote(user)}"])
+    return installing
+
+
+def amdgpu_install_url(version: str, codename: str) -> str:
+    """repo.radeon.com's amdgpu-install package: 7.2 -> .../7.2/ubuntu/noble/amdgpu-install_7.2.70200-1_all.deb."""
+    major, minor, *rest = (list(_gpu.version_tuple(version)) + [0, 0])[:3]
+    patch = rest[0] if rest else 0
+    short = f"{major}.{minor}" + (f".{patch}" if patch else "")
+    return (f"https://repo.radeon.com/amdgpu-install/{short}/ubuntu/{codename}/"
+            f"amdgpu-install_{short}.{major}{minor:02d}{patch:02d}-1_all.deb")
+
+
+def _reboot_if_needed(installing: bool, check_cmd: str) -> None:
+    reasons = list(host.get_fact(F.RebootRequired)["reasons"])
+    if installing:
+        reasons.append("the GPU driver is installed or changed in this run")
+    if not reasons:
+        return
+    if host.data.get("m3_allow_reboot"):
+        server.reboot(name="Reboot to load the GPU driver", delay=10, reboot_timeout=1200)
+        server.shell(name="Check the GPU driver after the reboot", commands=[check_cmd])
+        return
+    msg = (f"host {host.name} needs a reboot ({'; '.join(reasons)}). Fix: reboot it and deploy again, "
+           "or set m3_allow_reboot = True to let m3deploy reboot it")
+    server.shell(name=f"Stop: {host.name} needs a reboot", commands=[f"echo {shlex.quote(msg)} >&2; exit 1"])

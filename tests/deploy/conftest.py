@@ -1,0 +1,158 @@
+"""Harness: run a @deploy function (a role, or deploy.py's main) through pyinfra with the `@fake`
+connector, with fact values given per fact class, and return what pyinfra would run.
+
+    run = run_fake(deploy_drivers, facts={NvidiaDriver: {...}, NvidiaPackages: {...}},
+                   host_data={"m3_allow_reboot": True}, host_plan=hp, cluster_plan=cp)
+    run.commands          # every shell command of every op, in op order (uploads as "UPLOAD <dest>")
+    run.ops               # [FakeOp(name, commands, conditional)], conditional: the op has an `_if`
+    run.names             # op names
+
+How fact values are provided: pyinfra 3.10's `@fake` connector (pyinfra/connectors/fake.py) answers every
+command with canned `fake_responses` host data (empty success by default), and pyinfra 3 does not cache
+facts, so facts are injected by patching `Host.get_fact`: a class in `facts` returns its value (a
+callable value is called with the fact kwargs, e.g. `{DockerImage: lambda image: {...}}`); any other fact
+(pyinfra's own, used inside operations) goes to the fake connector and so gets its default. Nothing runs:
+ops are only prepared, and their command generators are read (their `_if` conditions are not evaluated
+outside execution, hence `conditional`).
+
+`host_plan` / `cluster_plan` replace m3deploy.context's functions for the run; pass a ClusterPlan only
+to let `host_plan()` come from it (`cluster_plan.host(name)`). To run several hosts, pass
+`hosts={name: {"facts": ..., "host_data": ...}}` and read `run.for_host(name)`.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class FakeOp:
+    name: str
+    commands: list[str]
+    conditional: bool
+
+
+@dataclass
+class FakeRun:
+    ops_by_host: dict[str, list[FakeOp]] = field(default_factory=dict)
+    state: Any = None
+
+    def for_host(self, name: str) -> list[FakeOp]:
+        return self.ops_by_host[name]
+
+    @property
+    def ops(self) -> list[FakeOp]:
+        return next(iter(self.ops_by_host.values())) if self.ops_by_host else []
+
+    @property
+    def commands(self) -> list[str]:
+        return [c for op in self.ops for c in op.commands]
+
+    @property
+    def names(self) -> list[str]:
+        return [op.name for op in self.ops]
+
+    def op(self, prefix: str) -> FakeOp:
+        for o in self.ops:
+            if o.name.startswith(prefix):
+                return o
+        raise AssertionError(f"no op named {prefix!r}*; ops: {self.names}")
+
+
+def _command_text(cmd) -> str:
+    from pyinfra.api.command import FileDownloadCommand, FileUploadCommand, FunctionCommand, StringCommand
+
+    if isinstance(cmd, StringCommand):
+        return cmd.get_raw_value()
+    if isinstance(cmd, FileUploadCommand):
+        return f"UPLOAD {cmd.dest}"
+    if isinstance(cmd, FileDownloadCommand):
+        return f"DOWNLOAD {cmd.src}"
+    if isinstance(cmd, FunctionCommand):
+        return f"PYTHON {getattr(cmd.function, '__name__', cmd.function)}"
+    return repr(cmd)
+
+
+def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | None = None,
+             host_plan=None, cluster_plan=None, hosts: dict[str, dict] | None = None,
+             monkeypatch: pytest.MonkeyPatch | None = None, args: tuple = (), kwargs: dict | None = None) -> FakeRun:
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.host import Host
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
+    from m3deploy import context
+
+    if hosts is None:
+        name = host_plan.name if host_plan is not None else "gpu-01"
+        hosts = {name: {"facts": facts or {}, "host_data": host_data or {}}}
+    names = list(hosts)
+    inventory = Inventory(([(f"@fake/{n}", {"fake_delay": 0, "fake_delay_jitter": 0,
+                                            **(hosts[n].get("host_data") or {})}) for n in names], {}))
+    by_fake = {f"@fake/{n}": n for n in names}
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Connect)
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+
+    mp = monkeypatch or pytest.MonkeyPatch()
+    original = Host.get_fact
+
+    def get_fact(self, cls, *a, **kw):
+        table = hosts[by_fake[self.name]].get("facts") or {}
+        if cls in table:
+            value = table[cls]
+            return value(*a, **kw) if callable(value) else value
+        return original(self, cls, *a, **kw)
+
+    def _host_plan():
+        from pyinfra import host as current
+
+        n = by_fake[current.name]
+        if hosts[n].get("host_plan") is not None:
+            return hosts[n]["host_plan"]
+        if host_plan is not None and len(names) == 1:
+            return host_plan
+        return cluster_plan.host(n)
+
+    mp.setattr(Host, "get_fact", get_fact)
+    mp.setattr(context, "host_plan", _host_plan)
+    if cluster_plan is not None:
+        mp.setattr(context, "cluster_plan", lambda: cluster_plan)
+    try:
+        add_deploy(state, deploy_fn, *args, **(kwargs or {}))
+        run = FakeRun(state=state)
+        for h in inventory:
+            ops = []
+            for op_hash in state.get_op_order():
+                op_data = state.ops[h].get(op_hash)
+                if op_data is None:
+                    continue
+                meta = state.get_op_meta(op_hash)
+                with ctx_state.use(state), ctx_host.use(h):
+                    cmds = [_command_text(c) for c in op_data.command_generator()]
+                ops.append(FakeOp(name=", ".join(sorted(meta.names)), commands=cmds,
+                                  conditional=bool(op_data.global_arguments.get("_if"))))
+            run.ops_by_host[by_fake[h.name]] = ops
+        return run
+    finally:
+        if monkeypatch is None:
+            mp.undo()
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """`fake(deploy_fn, facts=..., host_data=..., host_plan=..., cluster_plan=..., hosts=...)` -> FakeRun."""
+    def _run(deploy_fn, **kw):
+        return run_fake(deploy_fn, monkeypatch=monkeypatch, **kw)
+    return _run
