@@ -23,12 +23,18 @@ def _parse_data(items) -> dict:
     return out
 
 
-def load_plan(inventory: str, data=()):
-    from . import plan as planmod
+def load_plan(inventory: str, data=(), facts: bool = True):
+    """Build the plan; with `facts`, complete multi-host networking env from the facts `m3deploy preflight`
+    last saved for this cluster (m3deploy.factcache)."""
     from pathlib import Path
 
+    from . import factcache
+    from . import plan as planmod
+
     hosts = planmod.load_inventory(inventory, override_data=_parse_data(data))
-    return planmod.build(hosts, name=Path(inventory).stem)
+    name = planmod.cluster_name(hosts, Path(inventory).stem)
+    cached = factcache.network_facts(name) if facts and factcache.path(name).exists() else {}
+    return planmod.build(hosts, name=name, facts=cached)
 
 
 def fail(e: Exception) -> None:
@@ -76,10 +82,14 @@ def main():
 @click.option("--explain", is_flag=True, help="Say which recipe layer set each flag, env var and image.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def plan(inventory, only_host, explain, as_json, data):
-    """Print, per host, the services and the exact commands they will run."""
+@click.option("--no-facts", is_flag=True, help="Ignore the facts `m3deploy preflight` saved for this cluster.")
+def plan(inventory, only_host, explain, as_json, data, no_facts):
+    """Print, per host, the services and the exact commands they will run.
+
+    Networking env of multi-host workers (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, UCX_NET_DEVICES) comes from the
+    host facts `m3deploy preflight` last saved, where the recipe or the inventory does not set it."""
     try:
-        p = load_plan(inventory, data)
+        p = load_plan(inventory, data, facts=not no_facts)
     except M3Error as e:
         fail(e)
     if only_host and only_host not in {h.name for h in p.hosts}:

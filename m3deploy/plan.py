@@ -377,10 +377,6 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         r.unset(str(key), f"{CL}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
         r.set_arg(flag, value, f"{CL}:m3_extra_args", src)
-    # env from facts (only where neither the recipe nor the user set it)
-    for k, v in (facts.get("env") or {}).items():
-        if k not in r.env and k not in (s["m3_extra_env"] or {}):
-            r.set_env(k, v, "facts", f"facts of {host.name}")
     for k, v in dict(host.data.get("m3_rdma_env") or {}).items():
         r.set_env(k, v, f"{CL}:m3_rdma_env", src)
     for k, v in (s["m3_extra_env"] or {}).items():
@@ -414,6 +410,12 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     for k, v in plan_env:
         if k not in r.env:
             r.set_env(k, v, "plan", PL)
+    # multi-host workers: networking env from the host's facts where neither the recipe, the user
+    # (m3_interface, m3_rdma_env, m3_extra_env) nor the plan set it
+    if nnodes > 1 and engine != "mocker":
+        for k, v in (facts.get("env") or {}).items():
+            if k not in r.env:
+                r.set_env(k, v, "facts", f"facts of {host.name}")
     # multi-host ranks: rank 0 first; ranks > 0 headless and only process-alive readiness
     multi: list[tuple[str, str | None]] = []
     if nnodes > 1:

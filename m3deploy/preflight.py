@@ -32,6 +32,9 @@ NCCL_PASSTHROUGH_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", 
                         "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")
 
 
+from .netenv import env_from_facts  # noqa: E402,F401  (public here too)
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -206,22 +209,6 @@ def _check_rdma(hp: HostPlan, facts: dict) -> Check:
 # Env from facts
 # --------------------------------------------------------------------------------------------
 
-def env_from_facts(facts: dict[str, Any]) -> dict[str, str]:
-    """Networking env derived from facts: socket interfaces from the default-route interface,
-    NCCL_IB_HCA / UCX_NET_DEVICES from RDMA ports that are ACTIVE. Empty values are left out."""
-    env: dict[str, str] = {}
-    iface = facts.get("default_interface") or ""
-    if iface:
-        env["NCCL_SOCKET_IFNAME"] = iface
-        env["GLOO_SOCKET_IFNAME"] = iface
-    active = [d for d in (facts.get("rdma") or []) if d.get("active")]
-    if active:
-        devs = list(dict.fromkeys(d["device"] for d in active))
-        env["NCCL_IB_HCA"] = ",".join(devs)
-        env["UCX_NET_DEVICES"] = ",".join(dict.fromkeys(f"{d['device']}:{d.get('port') or 1}" for d in active))
-    return env
-
-
 # --------------------------------------------------------------------------------------------
 # NCCL all-reduce (opt-in)
 # --------------------------------------------------------------------------------------------
@@ -360,6 +347,9 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
             report[host.name] = {"plan": hp, "facts": facts, "checks": checks}
     finally:
         disconnect_all(state)
+    from . import factcache
+
+    factcache.save(cluster.name, {h: r["facts"] for h, r in report.items() if r["facts"]})
     return report
 
 
