@@ -35,10 +35,11 @@ def host_plan() -> HostPlan:
     """The current host's part of the plan. For a GPU host in a multi-host worker, the networking env
     (NCCL/GLOO socket interface, NCCL_IB_HCA, UCX_NET_DEVICES) is completed from this host's live facts
     wherever the recipe or the user did not set it (provenance "facts")."""
-    hp = cluster_plan().host(host.name)
+    name = planmod.plan_host_name(host.name)
+    hp = cluster_plan().host(name)
     if not hp.needs_rdma:
         return hp
-    key = f"{_CACHE_ATTR}_{host.name}"
+    key = f"{_CACHE_ATTR}_{name}"
     cached = getattr(state, key, None)
     if cached is None:
         from .facts import DefaultRouteInterface, RdmaDevices
@@ -46,7 +47,7 @@ def host_plan() -> HostPlan:
 
         facts = {"default_interface": host.get_fact(DefaultRouteInterface), "rdma": host.get_fact(RdmaDevices)}
         hosts = planmod.hosts_from_pyinfra(state.inventory)
-        full = planmod.build(hosts, name=cluster_plan().name, facts={host.name: {"env": env_from_facts(facts)}})
-        cached = full.host(host.name)
+        full = planmod.build(hosts, name=cluster_plan().name, facts={name: {"env": env_from_facts(facts)}})
+        cached = full.host(name)
         setattr(state, key, cached)
     return cached

@@ -81,11 +81,16 @@ def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | N
             for n, g, d in inventory.load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
 
 
+def plan_host_name(name: str) -> str:
+    """A pyinfra host name as the plan knows it: `@fake/<name>` (the @fake connector) is `<name>`."""
+    return name[len("@fake/"):] if name.startswith("@fake/") else name
+
+
 def hosts_from_pyinfra(inv) -> list[InvHost]:
     out = []
     for h in inv:
         groups = tuple(g.name if hasattr(g, "name") else str(g) for g in getattr(h, "groups", ()))
-        out.append(InvHost(name=h.name, groups=groups, data=h.data.dict()))
+        out.append(InvHost(name=plan_host_name(h.name), groups=groups, data=h.data.dict()))
     return out
 
 
@@ -304,7 +309,7 @@ def _control_services(host: str, a: str, state_dir: str) -> list[Service]:
         env_file="/etc/m3/m3-etcd.env", workdir=f"{state_dir}/etcd")
     nats = Service(
         name="m3-nats", kind="nats", host=host,
-        argv=("/usr/bin/nats-server", "-c", "/etc/m3/nats.conf"),
+        argv=("/usr/sbin/nats-server", "-c", "/etc/m3/nats.conf"),
         ports=(Port("nats-client", NATS_CLIENT, a), Port("nats-monitor", NATS_MONITOR, a)),
         readiness=Readiness(kind="http", url=f"http://{a}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
         env_file="/etc/m3/m3-nats.env", workdir=f"{state_dir}/nats")

@@ -1,0 +1,70 @@
+"""The last gate of a deploy: "listed" is not "serving" (Dynamo issue 2296). Runs once per cluster, on the
+host that owns the endpoint (the first control host under Dynamo, the first worker standalone), from the controller:
+the frontend's /health lists every planned worker (Dynamo), then one real chat request is answered.
+
+Reads: cluster_plan() (endpoint, served_model_name, workers, serving); host_plan() (name).
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from m3deploy import readiness
+from m3deploy import context
+from m3deploy.errors import M3Error
+
+
+def endpoint_owner(cp) -> str:
+    ctl = cp.group("control") if cp.serving == "dynamo" else ()
+    if ctl:
+        return ctl[0].name
+    return cp.workers[0].hosts[0] if cp.workers else ""
+
+
+def one_request(endpoint: str, model: str, timeout_s: float) -> str:
+    """POST one small chat completion; retry until answered or timeout. Returns what answered."""
+    body = json.dumps({"model": model, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        req = urllib.request.Request(f"{endpoint}/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                doc = json.loads(resp.read())
+            if doc.get("choices") and doc.get("usage", {}).get("completion_tokens", 0) > 0:
+                return f"HTTP 200, {doc['usage']['completion_tokens']} completion tokens"
+            last = f"HTTP 200 without choices/usage: {str(doc)[:200]}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}: {e.read(300).decode('utf-8', 'replace')}"
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            last = str(getattr(e, "reason", e))
+        if time.monotonic() >= deadline:
+            raise M3Error(f"no answer to a chat request at {endpoint} (model {model!r}) after {timeout_s:.0f} s: "
+                          f"{last}. Fix: m3deploy verify for the details; journalctl -u m3-frontend / m3-worker@N")
+        time.sleep(1)
+
+
+def _serving(cp):
+    if cp.serving == "dynamo":
+        fe = next(s for h in cp.hosts for s in h.services if s.kind == "frontend")
+        port = next(p for p in fe.ports if p.name == "http")
+        took = readiness.wait_instances(f"http://{port.address}:{port.port}/health", count=len(cp.workers),
+                                        timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
+        host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
+    host.log(f"{cp.endpoint}: {one_request(cp.endpoint, cp.served_model_name, 120)}")
+
+
+@deploy("Check the cluster is serving")
+def verify_serving():
+    cp, hp = context.cluster_plan(), context.host_plan()
+    if hp.name != endpoint_owner(cp):
+        return
+    python.call(name=f"Frontend lists every worker and answers a request ({cp.endpoint})", function=_serving, cp=cp)
