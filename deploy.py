@@ -1,14 +1,20 @@
-"""pyinfra entry point: `pyinfra inventories/<cluster>.py deploy.py`.
+"""pyinfra entry point: `pyinfra -y inventories/<cluster>.py deploy.py`.
 
 Builds and validates the cluster plan before any operation (an invalid plan stops the run with every
 problem listed, and no host is changed), then calls the roles in order for the current host's groups.
 Ordering and gating only: flags, env and images come from the plan; install steps live in roles/.
 
-Teardown: `pyinfra inventories/<cluster>.py deploy.py --data m3_state=absent`.
+Order: preflight -> drivers -> container runtime -> artifacts -> images -> weights -> etcd -> NATS (healthy)
+-> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request.
+pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
+advances every host's chain together: a tray's worker unit would start while the control host is still
+installing etcd). So `_all_hosts_reach()` adds one op shared by every host (same call site = same op)
+before the workers and before the serving check: nothing after it starts until every host is there.
+
+Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
+(`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
 """
 import sys
-
-from pyinfra import host
 
 from m3deploy.context import cluster_plan, host_plan
 from m3deploy.errors import ValidationError
@@ -19,4 +25,51 @@ except ValidationError as e:
     sys.stderr.write(f"m3deploy: invalid cluster plan, nothing was changed:\n{e}\n")
     raise SystemExit(2)
 
+from roles.artifacts import deploy_artifacts  # noqa: E402
+from roles.drivers import deploy_drivers  # noqa: E402
+from roles.etcd import deploy_etcd  # noqa: E402
+from roles.frontend import deploy_frontend  # noqa: E402
+from roles.images import deploy_images  # noqa: E402
+from roles.nats import deploy_nats  # noqa: E402
+from roles.preflight import preflight  # noqa: E402
+from roles.runtime import deploy_runtime  # noqa: E402
+from roles.serving import verify_serving  # noqa: E402
+from roles.teardown import teardown  # noqa: E402
+from roles.weights import deploy_weights  # noqa: E402
+from roles.workers import deploy_workers  # noqa: E402
+
 hp = host_plan()
+kinds = {s.kind for s in hp.services}
+
+
+def _all_hosts_reach(phase: str):
+    """A cluster-wide barrier: one command-less op on every host, from one call site, so no host runs a later
+    phase before every host finished the earlier ones (tests/deploy/test_deploy_py.py)."""
+    from roles._units import barrier
+
+    barrier(name=f"Every host has reached: {phase}")
+
+
+if plan.state == "absent":
+    teardown()
+else:
+    preflight()
+    if hp.gpus:
+        deploy_drivers()
+        deploy_runtime()
+    deploy_artifacts()
+    if hp.gpus:
+        deploy_images()
+        deploy_weights()
+    if "etcd" in kinds:
+        deploy_etcd()
+    if "nats" in kinds:
+        deploy_nats()
+    if "frontend" in kinds:
+        deploy_frontend()
+    _all_hosts_reach("control services and GPU hosts ready")
+    if "worker" in kinds:
+        deploy_workers()
+    _all_hosts_reach("workers started")
+    if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
+        verify_serving()

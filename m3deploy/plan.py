@@ -50,15 +50,20 @@ DEFAULTS: dict[str, Any] = {
     "m3_readiness_timeout_s": None,
     "m3_gpus_per_host": None,
     "m3_gpu_memory_gb": None,  # per-GPU memory override (e.g. the 141 GB H20 variant)
-    "m3_nats_auth": True,
+    "m3_auth": True,  # etcd and NATS authentication (passwords generated once on the controller)
+    "m3_nats_max_payload": 33554432,  # long prompts time out below it (Dynamo issue 9734)
+    "m3_keep_caches": False,  # teardown keeps the venv, wheelhouse, mock model and weights
 }
 CLUSTER_KEYS = ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
                 "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
-                "m3_served_model_name", "m3_dynamo_version", "m3_state")
+                "m3_served_model_name", "m3_dynamo_version", "m3_state", "m3_auth", "m3_nats_max_payload",
+                "m3_keep_caches")
 PARALLEL_RE = re.compile(r"^(tp|dp)(\d+)(-ep)?$")
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
-# NATS credentials live in the controller's 0600 secrets store; the roles fill these on the host.
-NATS_SECRET_ENV = (("NATS_AUTH_USERNAME", "nats_user"), ("NATS_AUTH_PASSWORD", "nats_password"))
+# Passwords live in the controller's 0600 secrets store (m3deploy.secrets); roles write them only into the
+# services' 0600 env files. Dynamo 1.6.1 reads ETCD_AUTH_* / NATS_AUTH_* (docs/DYNAMO.md).
+AUTH_USER = "m3"
+DYN_SECRET_ENV = (("ETCD_AUTH_PASSWORD", "etcd-password"), ("NATS_AUTH_PASSWORD", "nats-password"))
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
     state_dir = s["m3_state_dir"]
     venv = f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}"
     model_dir = f"{state_dir}/models/mock-minimax-m3" if engine == "mocker" else s["m3_hf_cache"]
-    home = f"{state_dir}/home"
+    home = state_dir  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
     addr = {h.name: str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name) for h in hosts}
 
     services: dict[str, list[Service]] = {h.name: [] for h in hosts}
@@ -202,7 +207,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
         c0 = control[0]
         a = addr[c0.name]
         etcd_url, nats_url = f"http://{a}:{ETCD_CLIENT}", f"nats://{a}:{NATS_CLIENT}"
-        services[c0.name] += _control_services(c0.name, a, state_dir)
+        services[c0.name] += _control_services(c0.name, a, state_dir, bool(s["m3_auth"]))
 
     # Workers: lay engine instances over hosts.
     gpus_per_host = {h.name: int(_get(h, "m3_gpus_per_host") or _platform_info(_get(h, "m3_platform"))["gpus_per_host"])
@@ -296,53 +301,62 @@ def _with_after(svc: Service, after: tuple[str, ...]) -> Service:
     return replace(svc, after=tuple(dict.fromkeys(svc.after + after)))
 
 
-def _control_services(host: str, a: str, state_dir: str) -> list[Service]:
+def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Service]:
     etcd = Service(
-        name="m3-etcd", kind="etcd", host=host,
-        argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd",
+        name="etcd", kind="etcd", host=host,
+        argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd/data",
               "--listen-client-urls", f"http://{a}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{a}:{ETCD_CLIENT}",
               "--listen-peer-urls", f"http://{a}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{a}:{ETCD_PEER}",
               "--initial-cluster", f"{host}=http://{a}:{ETCD_PEER}"),
-        ports=(Port("etcd-client", ETCD_CLIENT, a), Port("etcd-peer", ETCD_PEER, a)),
+        env=(("M3_ETCD_URL", f"http://{a}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
+        secret_env=(("M3_ETCD_ROOT_PASSWORD", "etcd-root-password"), ("M3_ETCD_PASSWORD", "etcd-password"))
+        if auth else (),
+        ports=(Port("client", ETCD_CLIENT, a), Port("peer", ETCD_PEER, a)),
         readiness=Readiness(kind="http", url=f"http://{a}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
                             timeout_s=60),
-        env_file="/etc/m3/m3-etcd.env", workdir=f"{state_dir}/etcd")
+        env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd")
     nats = Service(
-        name="m3-nats", kind="nats", host=host,
+        name="nats", kind="nats", host=host,
         argv=("/usr/sbin/nats-server", "-c", "/etc/m3/nats.conf"),
-        ports=(Port("nats-client", NATS_CLIENT, a), Port("nats-monitor", NATS_MONITOR, a)),
+        env=(("NATS_AUTH_USERNAME", AUTH_USER),) if auth else (),
+        secret_env=(("NATS_AUTH_PASSWORD", "nats-password"),) if auth else (),
+        ports=(Port("client", NATS_CLIENT, a), Port("monitor", NATS_MONITOR, a)),
         readiness=Readiness(kind="http", url=f"http://{a}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
-        env_file="/etc/m3/m3-nats.env", workdir=f"{state_dir}/nats")
+        env_file="/etc/m3/nats.env", workdir=f"{state_dir}/nats")
     return [etcd, nats]
 
 
-def _dynamo_env(a: str, etcd: str, nats: str, home: str) -> list[tuple[str, str]]:
-    return [("ETCD_ENDPOINTS", etcd), ("NATS_SERVER", nats), ("DYN_REQUEST_PLANE", "tcp"),
-            ("DYN_TCP_RPC_HOST", a), ("DYN_TCP_RESPONSE_STREAM_HOST", a), ("DYN_EVENT_PLANE_HOST", a),
-            ("DYN_SYSTEM_HOST", a), ("HOME", home)]
+def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tuple[str, str]]:
+    env = [("HOME", home), ("ETCD_ENDPOINTS", etcd)]
+    if auth:
+        env.append(("ETCD_AUTH_USERNAME", AUTH_USER))
+    env.append(("NATS_SERVER", nats))
+    if auth:
+        env.append(("NATS_AUTH_USERNAME", AUTH_USER))
+    # the NATS event plane: with the default (zmq) every process also listens on 0.0.0.0 (docs/DYNAMO.md)
+    return env + [("DYN_REQUEST_PLANE", "tcp"), ("DYN_EVENT_PLANE", "nats"), ("DYN_TCP_RPC_HOST", a),
+                  ("DYN_TCP_RESPONSE_STREAM_HOST", a), ("DYN_EVENT_PLANE_HOST", a), ("DYN_SYSTEM_HOST", a)]
 
 
 def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats: str, venv: str, model_dir: str,
                       home: str, first_control: str) -> Service:
     ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
-    env = dict(_dynamo_env(a, etcd, nats, home))
-    env.pop("DYN_SYSTEM_HOST")
+    env = dict(_dynamo_env(a, etcd, nats, f"{home}/m3-frontend", bool(s["m3_auth"])))
     for k, v in r.env.items():
         env[k] = v
-    if s["m3_engine"] == "mocker":
-        env["HF_HUB_OFFLINE"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"  # hosts are air-gapped: nothing is fetched from a hub at run time
     argv = (f"{venv}/bin/python", "-m", "dynamo.frontend", *r.argv())
     prov = r.provenance_records() + tuple(Provenance(f"env:{k}", v, "plan:dynamo", "m3deploy/plan.py")
                                           for k, v in env.items() if f"env:{k}" not in r.provenance)
     port = int(s["m3_frontend_port"])
     return Service(
         name="m3-frontend", kind="frontend", host=h.name, argv=argv, env=tuple(env.items()),
-        secret_env=NATS_SECRET_ENV if s["m3_nats_auth"] else (),
+        secret_env=DYN_SECRET_ENV if s["m3_auth"] else (),
         ports=(Port("http", port, a),),
         readiness=Readiness(kind="http", url=f"http://{a}:{port}/live", timeout_s=r.readiness_timeout_s),
-        after=(f"{first_control}/m3-etcd", f"{first_control}/m3-nats"),
-        env_file="/etc/m3/m3-frontend.env", workdir=home, provenance=prov)
+        after=(f"{first_control}/etcd", f"{first_control}/nats"),
+        env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
 
 def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, rank0_host, devices, s, mode, size,
@@ -395,7 +409,8 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     if engine == "mocker":
         timeout += int(s["m3_mocker_startup_time"] or 0)
     if serving == "dynamo":
-        plan_env += _dynamo_env(address, etcd, nats, home)
+        whome = f"{home}/m3-worker@{slot}" if engine == "mocker" else "/root"
+        plan_env += _dynamo_env(address, etcd, nats, whome, bool(s["m3_auth"]))
         plan_env += [("DYN_SYSTEM_PORT", str(sys_port)),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
         ports.append(Port("system", sys_port, address))
@@ -405,8 +420,8 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     else:
         ports.append(Port("http", http_port, address))
         readiness = Readiness(kind="http", url=f"http://{address}:{http_port}/health", timeout_s=timeout)
+    plan_env.append(("HF_HUB_OFFLINE", "1"))
     if engine != "mocker":
-        plan_env.append(("HF_HUB_OFFLINE", "1"))
         if nnodes > 1 and host.data.get("m3_interface"):
             plan_env += [("NCCL_SOCKET_IFNAME", str(host.data["m3_interface"])),
                          ("GLOO_SOCKET_IFNAME", str(host.data["m3_interface"]))]
@@ -481,10 +496,10 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     name = f"m3-worker@{slot}"
     return Service(
         name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
-        secret_env=NATS_SECRET_ENV if (serving == "dynamo" and s["m3_nats_auth"]) else (),
+        secret_env=DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else (),
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
         after=((f"{rank0_host}/m3-worker@{_slot_hint(rank0_host, host.name, slot)}",) if rank > 0 else ()),
-        env_file=f"/etc/m3/m3-worker-{slot}.env", workdir=home if engine == "mocker" else "",
+        env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" else "",
         worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
         provenance=r.provenance_records())
 

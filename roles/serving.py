@@ -18,6 +18,7 @@ from pyinfra.operations import python
 from m3deploy import readiness
 from m3deploy import context
 from m3deploy.errors import M3Error
+from roles import _units
 
 
 def endpoint_owner(cp) -> str:
@@ -67,4 +68,6 @@ def verify_serving():
     cp, hp = context.cluster_plan(), context.host_plan()
     if hp.name != endpoint_owner(cp):
         return
-    python.call(name=f"Frontend lists every worker and answers a request ({cp.endpoint})", function=_serving, cp=cp)
+    # only when this run (re)started a service somewhere: a no-op re-run changes nothing (m3deploy verify checks)
+    python.call(name=f"Frontend lists every worker and answers a request ({cp.endpoint})", function=_serving, cp=cp,
+                _if=_units.started_anything)

@@ -38,12 +38,16 @@ class FakeOp:
     name: str
     commands: list[str]
     conditional: bool
+    uploads: dict = field(default_factory=dict)  # dest -> text, for uploads from an in-memory source (StringIO)
+    names: list = field(default_factory=list)  # every name of the op: one op shared by several hosts (same
+    #                                            call site) has each host's name, e.g. "Stop: @fake/<host> ..."
 
 
 @dataclass
 class FakeRun:
     ops_by_host: dict[str, list[FakeOp]] = field(default_factory=dict)
     state: Any = None
+    error: BaseException | None = None  # run_deploy_file(..., raises=...): what the deploy file raised
 
     def for_host(self, name: str) -> list[FakeOp]:
         return self.ops_by_host[name]
@@ -81,6 +85,38 @@ def _command_text(cmd) -> str:
     return repr(cmd)
 
 
+def _upload_text(cmd) -> tuple[str, str] | None:
+    """(dest, text) of an upload whose source is in memory (files.put(src=StringIO(...)))."""
+    from pyinfra.api.command import FileUploadCommand
+
+    if isinstance(cmd, FileUploadCommand) and hasattr(cmd.src, "getvalue"):
+        value = cmd.src.getvalue()
+        return cmd.dest, value.decode() if isinstance(value, bytes) else value
+    return None
+
+
+def _collect(state, inventory, by_fake: dict[str, str]) -> FakeRun:
+    """Every host's ops in pyinfra's cluster-wide op order, with their commands read."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    run = FakeRun(state=state)
+    for h in inventory:
+        ops = []
+        for op_hash in state.get_op_order():
+            op_data = state.ops[h].get(op_hash)
+            if op_data is None:
+                continue
+            meta = state.get_op_meta(op_hash)
+            with ctx_state.use(state), ctx_host.use(h):
+                raw = list(op_data.command_generator())
+            uploads = dict(u for u in map(_upload_text, raw) if u)
+            ops.append(FakeOp(name=", ".join(sorted(meta.names)), commands=[_command_text(c) for c in raw],
+                              conditional=bool(op_data.global_arguments.get("_if")), uploads=uploads,
+                              names=sorted(meta.names)))
+        run.ops_by_host[by_fake[h.name]] = ops
+    return run
+
+
 def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | None = None,
              host_plan=None, cluster_plan=None, hosts: dict[str, dict] | None = None,
              monkeypatch: pytest.MonkeyPatch | None = None, args: tuple = (), kwargs: dict | None = None) -> FakeRun:
@@ -89,7 +125,6 @@ def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | N
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.host import Host
     from pyinfra.api.state import StateStage
-    from pyinfra.context import ctx_host, ctx_state
 
     from m3deploy import context
 
@@ -131,19 +166,71 @@ def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | N
         mp.setattr(context, "cluster_plan", lambda: cluster_plan)
     try:
         add_deploy(state, deploy_fn, *args, **(kwargs or {}))
-        run = FakeRun(state=state)
-        for h in inventory:
-            ops = []
-            for op_hash in state.get_op_order():
-                op_data = state.ops[h].get(op_hash)
-                if op_data is None:
-                    continue
-                meta = state.get_op_meta(op_hash)
-                with ctx_state.use(state), ctx_host.use(h):
-                    cmds = [_command_text(c) for c in op_data.command_generator()]
-                ops.append(FakeOp(name=", ".join(sorted(meta.names)), commands=cmds,
-                                  conditional=bool(op_data.global_arguments.get("_if"))))
-            run.ops_by_host[by_fake[h.name]] = ops
+        return _collect(state, inventory, by_fake)
+    finally:
+        if monkeypatch is None:
+            mp.undo()
+
+
+DEPLOY_PY = ROOT / "deploy.py"
+
+
+def run_deploy_file(hosts: dict[str, dict], groups: dict[str, list[str]], path: Path = DEPLOY_PY,
+                    override_data: dict | None = None, raises: tuple = (),
+                    monkeypatch: pytest.MonkeyPatch | None = None) -> FakeRun:
+    """Load a deploy FILE the way `pyinfra INVENTORY deploy.py` does (pyinfra_cli.util.load_deploy_file,
+    every host's copy of the file run in pyinfra's greenlet pool), on `@fake/<name>` hosts.
+
+    hosts: {name: {"data": host data (already merged with group data), "facts": {FactClass: value}}};
+    groups: {group name: [names]}; override_data: what `--data k=v` would give. Nothing in
+    m3deploy.context is replaced: the plan is built from this inventory like in a real run.
+    An exception of a type in `raises` (SystemExit included) is caught and kept in `run.error`, with
+    the ops added up to then; any other propagates.
+    """
+    import pyinfra
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.host import Host
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.util import load_deploy_file
+
+    names = list(hosts)
+    by_fake = {f"@fake/{n}": n for n in names}
+    inventory = Inventory(
+        ([(f"@fake/{n}", {**(hosts[n].get("data") or {}), "fake_delay": 0, "fake_delay_jitter": 0})
+          for n in names], {}),
+        override_data=override_data,
+        **{g: ([f"@fake/{n}" for n in members], {}) for g, members in groups.items()})
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Connect)
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+    state.current_op_file_number = 0
+
+    mp = monkeypatch or pytest.MonkeyPatch()
+    original = Host.get_fact
+
+    def get_fact(self, cls, *a, **kw):
+        table = hosts[by_fake[self.name]].get("facts") or {}
+        if cls in table:
+            value = table[cls]
+            return value(*a, **kw) if callable(value) else value
+        return original(self, cls, *a, **kw)
+
+    mp.setattr(Host, "get_fact", get_fact)
+    # pyinfra_cli/main.py sets this: op order (and identity across hosts) then comes from the call
+    # stack's line numbers in the deploy file, not from a per-host counter (API mode)
+    mp.setattr(pyinfra, "is_cli", True)
+    error = None
+    try:
+        with ctx_state.use(state):
+            try:
+                load_deploy_file(state, str(path))
+            except raises as e:  # noqa: B030 (a tuple of exception types)
+                error = e
+        run = _collect(state, inventory, by_fake)
+        run.error = error
         return run
     finally:
         if monkeypatch is None:
@@ -155,4 +242,12 @@ def fake(monkeypatch):
     """`fake(deploy_fn, facts=..., host_data=..., host_plan=..., cluster_plan=..., hosts=...)` -> FakeRun."""
     def _run(deploy_fn, **kw):
         return run_fake(deploy_fn, monkeypatch=monkeypatch, **kw)
+    return _run
+
+
+@pytest.fixture
+def deploy_file(monkeypatch):
+    """`deploy_file(hosts, groups, override_data=..., raises=...)` -> FakeRun: run_deploy_file, undone after the test."""
+    def _run(hosts, groups, **kw):
+        return run_deploy_file(hosts, groups, monkeypatch=monkeypatch, **kw)
     return _run

@@ -54,9 +54,9 @@ def test_write_ssh_config_is_private_and_removed():
 def test_ssh_command_for_reproduction():
     h = InvHost("a", (), {"ssh_hostname": "10.1.0.1", "ssh_user": "root", "ssh_key": "/k/id",
                           "ssh_known_hosts_file": "/k/kh"})
-    cmd = verify.ssh_command(h, "systemctl status m3-etcd.service")
+    cmd = verify.ssh_command(h, "systemctl status etcd.service")
     assert cmd == ("ssh -i /k/id -o UserKnownHostsFile=/k/kh -o StrictHostKeyChecking=yes root@10.1.0.1 "
-                   "'systemctl status m3-etcd.service'")
+                   "'systemctl status etcd.service'")
 
 
 # ------------------------------------------------------------------------------------------ parsers
@@ -129,9 +129,9 @@ def test_checks_generated_from_plan():
     p = _plan(2)
     inv = [InvHost(h.name, h.groups, {"ssh_hostname": h.address}) for h in p.hosts]
     ids = [c.id for c in verify.all_checks(p, inv, smoke=True)]
-    for want in ("unit/c/m3-etcd", "unit/c/m3-nats", "unit/c/m3-frontend", "unit/w1/m3-worker@0",
-                 "port/c/m3-etcd/etcd-client", "port/c/m3-nats/nats-monitor", "port/w2/m3-worker@0/system",
-                 "file/c/m3-frontend", "file/w1/m3-worker@0", "health/c/m3-etcd", "health/c/m3-nats",
+    for want in ("unit/c/etcd", "unit/c/nats", "unit/c/m3-frontend", "unit/w1/m3-worker@0",
+                 "port/c/etcd/client", "port/c/nats/monitor", "port/w2/m3-worker@0/system",
+                 "file/c/m3-frontend", "file/w1/m3-worker@0", "health/c/etcd", "health/c/nats",
                  "health/w2/m3-worker@0", "instances/c/m3-frontend", "smoke/models", "smoke/session-affinity",
                  "smoke/session-spread", "smoke/unknown-model-404"):
         assert want in ids, want
@@ -179,15 +179,15 @@ def test_unit_port_file_checks_against_fake_host():
     }
     checks = verify.host_checks(p)
     ctx = _ctx(p, {"c": good})
-    r = verify.run_check(_by_id(checks, "unit/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "unit/c/etcd"), ctx)
     assert r.ok and r.evidence == "loaded, active (running), enabled"
-    r = verify.run_check(_by_id(checks, "port/c/m3-etcd/etcd-client"), ctx)
+    r = verify.run_check(_by_id(checks, "port/c/etcd/client"), ctx)
     assert r.ok and "10.0.0.1:2379 (etcd,pid=5)" in r.evidence
-    r = verify.run_check(_by_id(checks, "port/c/m3-etcd/etcd-peer"), ctx)  # planned 10.0.0.1, bound 0.0.0.0
+    r = verify.run_check(_by_id(checks, "port/c/etcd/peer"), ctx)  # planned 10.0.0.1, bound 0.0.0.0
     assert not r.ok and "wildcard" in r.evidence
-    r = verify.run_check(_by_id(checks, "port/c/m3-nats/nats-client"), ctx)
+    r = verify.run_check(_by_id(checks, "port/c/nats/client"), ctx)
     assert not r.ok and "nothing listens on 10.0.0.1:4222" in r.evidence
-    r = verify.run_check(_by_id(checks, "file/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "file/c/etcd"), ctx)
     assert r.ok and "mode 600 root:root" in r.evidence
 
     bad = dict(good, **{"systemctl show": (0, "LoadState=loaded\nActiveState=failed\nSubState=failed\n"
@@ -195,9 +195,9 @@ def test_unit_port_file_checks_against_fake_host():
                         "journalctl": (0, "boom: address in use\n"),
                         "stat -c": (0, "644 m3 m3 regular file\n")})
     ctx = _ctx(p, {"c": bad})
-    r = verify.run_check(_by_id(checks, "unit/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "unit/c/etcd"), ctx)
     assert not r.ok and "failed (failed), disabled, restarted 5x" in r.evidence and "address in use" in r.evidence
-    r = verify.run_check(_by_id(checks, "file/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "file/c/etcd"), ctx)
     assert not r.ok and "mode 644 m3:m3" in r.evidence
 
 
@@ -211,14 +211,14 @@ def test_health_and_instances_checks():
     ctx = verify.Context(p)
     _http(ctx, {"http://10.0.0.1:2379/health": (200, '{"health":"true","reason":""}'),
                 "http://10.0.0.1:8000/health": (200, json.dumps(HEALTH))})
-    r = verify.run_check(_by_id(checks, "health/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "health/c/etcd"), ctx)
     assert r.ok and "health=true" in r.evidence
     r = verify.run_check(_by_id(checks, "instances/c/m3-frontend"), ctx)
     assert r.ok and r.evidence.startswith("2 of 2 generate instance(s)")
     half = dict(HEALTH, instances=HEALTH["instances"][:1])
     _http(ctx, {"http://10.0.0.1:2379/health": (200, '{"health":"false"}'),
                 "http://10.0.0.1:8000/health": (200, json.dumps(half))})
-    r = verify.run_check(_by_id(checks, "health/c/m3-etcd"), ctx)
+    r = verify.run_check(_by_id(checks, "health/c/etcd"), ctx)
     assert not r.ok and "health='false'" in r.evidence
     r = verify.run_check(_by_id(checks, "instances/c/m3-frontend"), ctx)
     assert not r.ok and "1 of 2" in r.evidence and "missing on 10.0.0.3 (w2)" in r.evidence
@@ -232,7 +232,7 @@ def test_crashing_check_is_a_failure_with_reason():
 
 # ------------------------------------------------------------------------------------------ report
 def _results():
-    return [verify.Result("unit/c/m3-etcd", "unit", "c", "m3-etcd.service active and enabled", True,
+    return [verify.Result("unit/c/etcd", "unit", "c", "etcd.service active and enabled", True,
                           "loaded, active (running), enabled", "ssh c systemctl status", 0.1),
             verify.Result("smoke/tools", "smoke", "frontend", "tools [x] accepted", False,
                           "HTTP 400: tools=[get_weather] rejected", "curl -sS http://x/v1/chat/completions", 0.2)]
@@ -240,7 +240,7 @@ def _results():
 
 def test_report_text_lists_checks_evidence_and_reproduction():
     text = verify.render_text(_results(), seconds=1.25, notes=["one worker"])
-    assert "unit/c/m3-etcd" in text and "PASS" in text and "FAIL" in text
+    assert "unit/c/etcd" in text and "PASS" in text and "FAIL" in text
     assert "tools=[get_weather] rejected" in text  # rich markup escaped, not eaten
     assert "curl -sS http://x/v1/chat/completions" in text
     assert "ssh c systemctl status" not in text  # reproduction only for failures

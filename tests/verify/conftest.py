@@ -3,7 +3,7 @@
     pytest tests/verify --inventory inventories/testbed.py [--verify-host H] [--skip-smoke]
 
 One test per host/service/port/file/health endpoint/smoke request, named by the check id, e.g.
-`test_units.py::test_unit[unit/m3tb-01/m3-etcd]`. Not in pyproject's testpaths: plain `pytest` never
+`test_units.py::test_unit[unit/m3tb-01/etcd]`. Not in pyproject's testpaths: plain `pytest` never
 collects it, and running it without --inventory is a usage error (never a silent skip).
 """
 from __future__ import annotations

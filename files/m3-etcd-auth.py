@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Turn on etcd authentication, idempotently (runs as the etcd unit's ExecStartPost).
+
+Reads from the environment (the unit's 0600 EnvironmentFile, never argv):
+  M3_ETCD_URL          client URL of this member, e.g. http://10.77.0.2:2379
+  M3_ETCD_ROOT_PASSWORD  password of etcd's `root` user (admin only; Dynamo never gets it)
+  M3_ETCD_USER / M3_ETCD_PASSWORD   the user Dynamo connects as (Dynamo gets them as ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD;
+  not ETCD_* here: etcd itself reads ETCD_* variables as its flags)
+Creates role `m3` (readwrite on every key), users root + $M3_ETCD_USER, then enables auth.
+Re-runs converge (the Dynamo user's password is reset to the current secret). Uses the v3 JSON
+gateway of etcd 3.4 (no etcdctl needed). Exit 0 = auth on and the Dynamo user can log in.
+"""
+import base64
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+URL = os.environ["M3_ETCD_URL"].rstrip("/")
+ROOT_PW = os.environ["M3_ETCD_ROOT_PASSWORD"]
+USER = os.environ["M3_ETCD_USER"]
+USER_PW = os.environ["M3_ETCD_PASSWORD"]
+ALL_KEYS = base64.b64encode(b"\0").decode()  # key "\0" .. range_end "\0" = every key
+
+
+def call(path, body, token=None):
+    req = urllib.request.Request(URL + "/v3/" + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", token)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"{}"), None
+    except urllib.error.HTTPError as e:
+        try:
+            err = json.loads(e.read()).get("error", "")
+        except Exception:  # noqa: BLE001
+            err = str(e)
+        return None, err
+
+
+def ok_or_exists(res, what):
+    _, err = res
+    if err and "already exist" not in err:
+        sys.exit(f"m3-etcd-auth: {what} failed: {err}")
+
+
+def converge(token=None):
+    ok_or_exists(call("auth/role/add", {"name": "m3"}, token), "role add m3")
+    ok_or_exists(call("auth/role/grant", {"name": "m3", "perm": {"permType": "READWRITE", "key": ALL_KEYS,
+                                                                  "range_end": ALL_KEYS}}, token), "grant m3")
+    ok_or_exists(call("auth/user/add", {"name": USER, "password": USER_PW}, token), f"user add {USER}")
+    ok_or_exists(call("auth/user/changepw", {"name": USER, "password": USER_PW}, token), f"password {USER}")
+    ok_or_exists(call("auth/user/grant", {"user": USER, "role": "m3"}, token), f"grant {USER}")
+
+
+def main():
+    for _ in range(60):  # the unit is Type=notify, so etcd answers; retry a little anyway
+        res, err = call("auth/authenticate", {"name": "root", "password": ROOT_PW})
+        if res is not None or (err and "not enabled" in err) or (err and "authentication failed" in err):
+            break
+        time.sleep(0.5)
+    if res is not None:  # auth already on
+        converge(res["token"])
+    elif "not enabled" in (err or ""):
+        converge()
+        ok_or_exists(call("auth/user/add", {"name": "root", "password": ROOT_PW}), "user add root")
+        ok_or_exists(call("auth/user/grant", {"user": "root", "role": "root"}), "grant root")
+        _, err = call("auth/enable", {})
+        if err:
+            sys.exit(f"m3-etcd-auth: auth enable failed: {err}")
+    else:
+        sys.exit(f"m3-etcd-auth: cannot log in as root at {URL}: {err}. The data dir was made with another "
+                 "root password: restore the controller's secrets.json or wipe the etcd data dir.")
+    res, err = call("auth/authenticate", {"name": USER, "password": USER_PW})
+    if res is None:
+        sys.exit(f"m3-etcd-auth: {USER} cannot log in: {err}")
+    print(f"m3-etcd-auth: auth enabled; user {USER} ok")
+
+
+if __name__ == "__main__":
+    main()

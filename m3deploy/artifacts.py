@@ -1,0 +1,285 @@
+"""Artifacts the controller gathers once and ships to hosts (hosts have no internet).
+
+The Dynamo wheelhouse: every wheel that `ai-dynamo==<version>` needs on the hosts' Python
+(CPython 3.11, manylinux x86_64; Debian bookworm), downloaded from PyPI on the controller into
+`~/.cache/m3deploy/wheelhouse/dynamo-<version>/` with a `SHA256SUMS` manifest (sha256sum format).
+
+Why not `pip download ai-dynamo`: ai-dynamo 1.6.1 requires `aisimulate`, a placeholder whose real
+wheel lives on a vendor index (not reachable; only the planner imports it). So ai-dynamo itself is
+fetched with `--no-deps`, its other requirements are read from its wheel METADATA and fetched with
+their dependencies. See docs/DYNAMO.md.
+
+Hosts install offline from the shipped directory (`install_commands()`):
+    python3 -m venv --without-pip VENV            # no python3-venv/ensurepip needed on the host
+    VENV/bin/python WH/pip-X.whl/pip install --no-index --find-links WH pip   # pip from its wheel
+    VENV/bin/pip install --no-index --find-links WH ai-dynamo-runtime==V <reqs>
+    VENV/bin/pip install --no-index --no-deps --find-links WH ai-dynamo==V
+"""
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from m3deploy.errors import M3Error
+
+MANIFEST = "SHA256SUMS"
+REQS_FILE = "REQUIREMENTS"  # the top-level requirements installed on hosts (one per line)
+COMPLETE = ".complete"  # written last; its presence + a verified manifest = wheelhouse done
+
+# Requirements that cannot be installed (placeholder packages) and that frontend/mocker never import.
+SKIP_REQUIREMENTS = {"aisimulate"}
+
+# The hosts' interpreter: Debian bookworm's python3.11 (glibc 2.36).
+TARGET_PYTHON = "3.11"
+TARGET_ABI = "cp311"
+TARGET_PLATFORMS = ("manylinux2014_x86_64",) + tuple(
+    f"manylinux_2_{minor}_x86_64" for minor in range(36, 16, -1))
+# Environment used to evaluate requirement markers for the target.
+TARGET_MARKER_ENV = {
+    "python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
+    "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+    "platform_machine": "x86_64", "os_name": "posix", "extra": "",
+}
+# pip evaluates markers with the controller's interpreter; the hosts' may be older (bookworm: 3.11.2,
+# where redis needs async-timeout for python_full_version < "3.11.3"). Close over these too.
+TARGET_FULL_VERSIONS = ("3.11.0", "3.11.2", "3.11.9")
+# Build tools shipped too, so hosts can bootstrap pip into a venv made with --without-pip.
+BOOTSTRAP = ("pip",)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("M3DEPLOY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "m3deploy")
+    return Path(base)
+
+
+def wheelhouse_dir(version: str) -> Path:
+    return cache_root() / "wheelhouse" / f"dynamo-{version}"
+
+
+def venv_path(version: str) -> str:
+    """Where hosts get the versioned venv (the plan's `venv` normally says this)."""
+    return f"/opt/m3/dynamo-{version}"
+
+
+# ---------------------------------------------------------------- manifest
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, str]:
+    """`SHA256SUMS` of a wheelhouse as {file name: sha256}. Raises M3Error if missing or malformed."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise M3Error(f"wheelhouse manifest {path} is missing; rebuild with "
+                      f"`m3deploy artifacts wheelhouse` (or delete {directory})")
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(None, 1)
+        if len(parts) != 2 or len(parts[0]) != 64 or any(c not in "0123456789abcdef" for c in parts[0]):
+            raise M3Error(f"{path}:{n}: not a sha256sum line: {line!r}; delete {directory} and rebuild")
+        name = parts[1].lstrip("*").strip()
+        if "/" in name or name in (MANIFEST, ""):
+            raise M3Error(f"{path}:{n}: bad file name {name!r}; delete {directory} and rebuild")
+        out[name] = parts[0]
+    if not out:
+        raise M3Error(f"{path} lists no files; delete {directory} and rebuild")
+    return out
+
+
+def write_manifest(directory: Path) -> dict[str, str]:
+    directory = Path(directory)
+    sums = {p.name: sha256_file(p) for p in sorted(directory.iterdir())
+            if p.is_file() and p.name.endswith((".whl", ".tar.gz"))}
+    text = "".join(f"{h}  {n}\n" for n, h in sorted(sums.items()))
+    tmp = directory / (MANIFEST + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(directory / MANIFEST)
+    return sums
+
+
+def verify_wheelhouse(directory: Path, deep: bool = True) -> list[str]:
+    """Problems with a wheelhouse (empty list = good): missing/changed/unlisted files.
+
+    deep=False only checks presence and sizes > 0 (fast); deep=True re-hashes every file.
+    """
+    directory = Path(directory)
+    try:
+        sums = read_manifest(directory)
+    except M3Error as e:
+        return [str(e)]
+    problems = []
+    for name, want in sums.items():
+        p = directory / name
+        if not p.is_file():
+            problems.append(f"{p}: listed in {MANIFEST} but missing")
+        elif deep and sha256_file(p) != want:
+            problems.append(f"{p}: sha256 differs from {MANIFEST}")
+    for p in directory.iterdir():
+        if p.is_file() and p.name.endswith((".whl", ".tar.gz")) and p.name not in sums:
+            problems.append(f"{p}: not listed in {MANIFEST}")
+    if not (directory / REQS_FILE).is_file():
+        problems.append(f"{directory / REQS_FILE}: missing")
+    return problems
+
+
+def read_requirements(directory: Path) -> list[str]:
+    return [ln.strip() for ln in (Path(directory) / REQS_FILE).read_text().splitlines() if ln.strip()]
+
+
+def manifest_digest(directory: Path) -> str:
+    """One sha256 over the manifest: changes iff any wheel changes (hosts compare this)."""
+    return sha256_file(Path(directory) / MANIFEST)
+
+
+# ---------------------------------------------------------------- build
+
+def _wheel_requirements(wheel: Path, marker_envs=None) -> list[str]:
+    """Requires-Dist of a wheel whose markers hold on the target (no extras), minus SKIP_REQUIREMENTS."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - pip always vendors it
+        from pip._vendor.packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta_name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(meta_name).decode())
+    out = []
+    for raw in meta.get_all("Requires-Dist") or []:
+        req = Requirement(raw)
+        envs = marker_envs or [TARGET_MARKER_ENV]
+        if req.marker is not None and not any(req.marker.evaluate(dict(e)) for e in envs):
+            continue
+        if req.name.lower() in SKIP_REQUIREMENTS:
+            continue
+        req.marker = None
+        out.append(str(req))
+    return out
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _missing_for_target(directory: Path) -> list[str]:
+    """Requirements of the downloaded wheels (markers evaluated for every TARGET_FULL_VERSIONS)
+    that no wheel in directory provides."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover
+        from pip._vendor.packaging.requirements import Requirement
+    envs = [dict(TARGET_MARKER_ENV, python_full_version=v) for v in TARGET_FULL_VERSIONS]
+    have = {_norm(p.name.split("-")[0]) for p in directory.glob("*.whl")}
+    missing = []
+    for whl in sorted(directory.glob("*.whl")):
+        if whl.name.startswith("ai_dynamo-"):
+            continue  # its own requirements were handled (aisimulate skipped)
+        for r in _wheel_requirements(whl, envs):
+            if _norm(Requirement(r).name) not in have and r not in missing:
+                missing.append(r)
+    return missing
+
+
+def _pip_download(dest: Path, args: list[str], log) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir",
+           "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp",
+           "--python-version", TARGET_PYTHON, "--abi", TARGET_ABI, "--abi", "abi3", "--abi", "none"]
+    for p in TARGET_PLATFORMS:
+        cmd += ["--platform", p]
+    cmd += args
+    log("$ " + shlex.join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise M3Error(f"pip download failed ({' '.join(args)}):\n{r.stderr[-3000:]}\n"
+                      "Fix: the controller needs PyPI access (or a pip index set in pip.conf); "
+                      "then run it again.")
+
+
+def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True) -> Path:
+    """Build (once) and return the wheelhouse for ai-dynamo==version.
+
+    No-op when it exists, is complete and verifies against its manifest. A partial or corrupt
+    wheelhouse is rebuilt from scratch in a temporary directory and swapped in.
+    """
+    log = log or (lambda m: None)
+    final = wheelhouse_dir(version)
+    if (final / COMPLETE).is_file() and not verify_wheelhouse(final, deep=deep_verify):
+        log(f"wheelhouse {final} complete and verified")
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".dynamo-{version}-", dir=final.parent))
+    try:
+        _pip_download(work, ["--no-deps", f"ai-dynamo=={version}"], log)
+        top = next(work.glob("ai_dynamo-*.whl"))
+        reqs = _wheel_requirements(top)
+        _pip_download(work, [*reqs, *BOOTSTRAP], log)
+        for _ in range(5):
+            extra = _missing_for_target(work)
+            if not extra:
+                break
+            _pip_download(work, extra, log)
+        else:
+            raise M3Error(f"wheelhouse still misses {extra} after 5 passes")
+        (work / REQS_FILE).write_text("".join(f"{r}\n" for r in reqs))
+        write_manifest(work)
+        problems = verify_wheelhouse(work)
+        if problems:
+            raise M3Error("new wheelhouse does not verify:\n" + "\n".join(problems))
+        (work / COMPLETE).write_text(f"ai-dynamo=={version}\n")
+        if final.exists():
+            old = final.with_name(final.name + ".old")
+            subprocess.run(["rm", "-rf", str(old)], check=True)
+            final.rename(old)
+            subprocess.run(["rm", "-rf", str(old)], check=True)
+        work.rename(final)
+    finally:
+        if work.exists():
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    log(f"wheelhouse {final} built")
+    return final
+
+
+def install_commands(version: str, wheelhouse: str, venv: str, python: str = "python3",
+                     requirements: list[str] | None = None) -> list[str]:
+    """Shell commands that build the venv OFFLINE from a wheelhouse directory on the host.
+
+    `venv --without-pip` + pip run from its own wheel: works without Debian's python3-venv.
+    """
+    reqs = requirements if requirements is not None else []
+    wh = shlex.quote(wheelhouse)
+    pip = f"{shlex.quote(venv)}/bin/python -m pip --disable-pip-version-check"
+    return [
+        f"{shlex.quote(python)} -m venv --without-pip {shlex.quote(venv)}",
+        f"{shlex.quote(venv)}/bin/python \"$(ls {wh}/pip-*.whl | head -n1)\"/pip install --quiet "
+        f"--disable-pip-version-check --no-index --find-links {wh} pip",
+        f"{pip} install --quiet --no-index --find-links {wh} "
+        + shlex.join([f"ai-dynamo-runtime=={version}", *[r for r in reqs if not r.startswith("ai-dynamo-runtime")]]),
+        f"{pip} install --quiet --no-index --no-deps --find-links {wh} ai-dynamo=={version}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:  # python -m m3deploy.artifacts [VERSION]
+    version = (argv or sys.argv[1:] or ["1.6.1"])[0]
+    path = ensure_wheelhouse(version, log=lambda m: print(m, file=sys.stderr))
+    sums = read_manifest(path)
+    size = sum((path / n).stat().st_size for n in sums)
+    print(f"{path}: {len(sums)} files, {size / 1e6:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Poll a service's Readiness from the controller (pure Python, no pyinfra): never sleep-and-hope.
+
+`wait_ready(readiness, what=..., logs=callable)` polls an http or tcp check every
+`interval_s` until it passes or `timeout_s` runs out; on failure it raises NotReady (an M3Error)
+naming the check, the last observation and the unit's last journal lines (fetched by `logs()`,
+e.g. over the pyinfra connection: roles pass a function that runs `journalctl -u UNIT -n 40`).
+
+Also `wait_instances()`: the Dynamo frontend's /health lists at least N `generate` instances.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Callable
+
+from m3deploy.errors import M3Error
+from m3deploy.model import Readiness
+
+
+class NotReady(M3Error):
+    pass
+
+
+@dataclass
+class Result:
+    ok: bool
+    detail: str  # what was observed (status, body excerpt, error)
+
+
+def _lookup(doc, dotted: str):
+    cur = doc
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return _MISSING
+    return cur
+
+
+_MISSING = object()
+
+
+def check_http(r: Readiness, timeout: float = 5.0) -> Result:
+    try:
+        req = urllib.request.Request(r.url, headers={"Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read(65536)
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read(65536) if e.fp else b""
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return Result(False, f"GET {r.url}: {reason}")
+    text = body.decode("utf-8", "replace")
+    if status != r.expect_status:
+        return Result(False, f"GET {r.url}: HTTP {status} (want {r.expect_status}): {text[:200]}")
+    if r.expect_json:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return Result(False, f"GET {r.url}: body is not JSON: {text[:200]}")
+        for key, want in r.expect_json:
+            got = _lookup(doc, key)
+            if got is _MISSING or str(got) != str(want):
+                return Result(False, f"GET {r.url}: {key}={'<missing>' if got is _MISSING else got!r} "
+                                     f"(want {want!r})")
+    return Result(True, f"GET {r.url}: HTTP {status}")
+
+
+def check_tcp(r: Readiness, timeout: float = 3.0) -> Result:
+    try:
+        with socket.create_connection((r.address, r.port), timeout=timeout):
+            return Result(True, f"tcp {r.address}:{r.port} accepts")
+    except OSError as e:
+        return Result(False, f"tcp {r.address}:{r.port}: {e.strerror or e}")
+
+
+CHECKS = {"http": check_http, "tcp": check_tcp}
+
+
+def check_once(r: Readiness) -> Result:
+    fn = CHECKS.get(r.kind)
+    if fn is None:
+        raise M3Error(f"readiness kind {r.kind!r} cannot be polled from the controller "
+                      f"(supported: {', '.join(CHECKS)}); 'process' is checked by systemd")
+    return fn(r)
+
+
+def describe(r: Readiness) -> str:
+    if r.kind == "http":
+        extra = "".join(f" and {k}={v}" for k, v in r.expect_json)
+        return f"GET {r.url} answers {r.expect_status}{extra}"
+    if r.kind == "tcp":
+        return f"{r.address}:{r.port} accepts TCP"
+    return r.kind
+
+
+def wait_ready(r: Readiness, what: str = "service", logs: Callable[[], str] | None = None,
+               clock=time.monotonic, sleep=time.sleep) -> float:
+    """Poll until ready; return seconds taken. Raises NotReady with the journal tail on timeout."""
+    start = clock()
+    deadline = start + r.timeout_s
+    last = Result(False, "not checked")
+    while True:
+        last = check_once(r)
+        if last.ok:
+            return clock() - start
+        if clock() >= deadline:
+            break
+        sleep(min(r.interval_s, max(0.0, deadline - clock())))
+    tail = ""
+    if logs is not None:
+        try:
+            tail = logs() or ""
+        except Exception as e:  # noqa: BLE001 - a log fetch failure must not hide the real error
+            tail = f"(could not fetch logs: {e})"
+    msg = (f"{what} is not ready after {r.timeout_s} s: check failed: {describe(r)}\n"
+           f"  last observation: {last.detail}")
+    if tail:
+        msg += "\n  last journal lines:\n" + "\n".join("    " + ln for ln in tail.rstrip().splitlines())
+    msg += ("\n  fix: look at the unit on the host (systemctl status / journalctl -u), correct the "
+            "inventory or the service, and run the deploy again")
+    raise NotReady(msg)
+
+
+def generate_instances(health_url: str, timeout: float = 5.0) -> list[dict]:
+    with urllib.request.urlopen(health_url, timeout=timeout) as resp:
+        doc = json.loads(resp.read())
+    return [i for i in doc.get("instances", []) if i.get("endpoint") == "generate"]
+
+
+def wait_instances(health_url: str, count: int, timeout_s: float = 120, interval_s: float = 0.5,
+                   logs: Callable[[], str] | None = None, clock=time.monotonic, sleep=time.sleep) -> float:
+    """Wait until the frontend's /health lists >= count `generate` instances (all workers registered)."""
+    start = clock()
+    seen: object = "no answer"
+    while True:
+        try:
+            inst = generate_instances(health_url)
+            seen = [i.get("transport") for i in inst]
+            if len(inst) >= count:
+                return clock() - start
+        except (OSError, ValueError) as e:
+            seen = str(e)
+        if clock() - start >= timeout_s:
+            break
+        sleep(interval_s)
+    msg = (f"the frontend at {health_url} lists {seen!r}, want {count} `generate` instance(s) "
+           f"after {timeout_s} s")
+    if logs is not None:
+        try:
+            msg += "\n  last journal lines:\n" + "\n".join("    " + ln for ln in (logs() or "").splitlines())
+        except Exception as e:  # noqa: BLE001
+            msg += f"\n  (could not fetch logs: {e})"
+    raise NotReady(msg + "\n  fix: check the workers' units (journalctl -u m3-worker@N) and their "
+                         "ETCD_ENDPOINTS/NATS_SERVER")

@@ -1,0 +1,143 @@
+"""Shared steps of the service roles (private): render + ship a unit and its env file, start or
+restart exactly once, and wait for readiness from the controller. No decisions about flags here:
+everything comes from the plan's Service objects."""
+from __future__ import annotations
+
+import functools
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, state
+from pyinfra.api import operation
+from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations.util import any_changed
+
+from m3deploy import readiness as _readiness
+from m3deploy.model import ClusterPlan, HostPlan, Service
+from m3deploy.render import render, service_env
+from m3deploy.secrets import ensure_secrets
+
+REPO = Path(__file__).resolve().parent.parent
+UNIT_DIR = "/etc/systemd/system"
+M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
+M3_HOME = "/var/lib/m3"
+
+
+def plans() -> tuple[ClusterPlan, HostPlan]:
+    from m3deploy import context  # the lead's module; imported late so roles import without it
+    return context.cluster_plan(), context.host_plan()
+
+
+@functools.lru_cache(maxsize=None)
+def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(ensure_secrets(cluster).items()))
+
+
+def secrets_for(cp: ClusterPlan) -> dict[str, str]:
+    return dict(_secrets(cp.name))
+
+
+def services(hp: HostPlan, kind: str) -> list[Service]:
+    return [s for s in hp.services if s.kind == kind]
+
+
+def unit_path(s: Service) -> str:
+    return f"{UNIT_DIR}/{s.unit}"
+
+
+def timeout_start_s(s: Service) -> int:
+    # systemd's start timeout only bounds ExecStartPre/notify; readiness is polled separately.
+    return (s.readiness.timeout_s if s.readiness else 300) + 30
+
+
+def stop_timeout_s(s: Service) -> int:
+    return 120 if s.image else 30
+
+
+def ensure_m3_user():
+    server.group(name=f"Ensure group {M3_USER}", group=M3_USER, system=True)
+    server.user(name=f"Ensure system user {M3_USER}", user=M3_USER, group=M3_USER, system=True,
+                home=M3_HOME, shell="/usr/sbin/nologin", create_home=False, ensure_home=False)
+    files.directory(name=f"Ensure {M3_HOME}", path=M3_HOME, user="root", group="root", mode="0755")
+
+
+def ensure_workdir(s: Service, user: str):
+    if s.workdir:
+        files.directory(name=f"Ensure {s.workdir}", path=s.workdir, user=user, group=user, mode="0750")
+
+
+def put_text(name: str, text: str, dest: str, mode: str, user="root", group="root"):
+    return files.put(name=name, src=StringIO(text), dest=dest, user=user, group=group, mode=mode)
+
+
+def install_service(cp: ClusterPlan, s: Service, template: str, user: str, **extra):
+    """Ship the env file (0600 root) and the unit; return the ops whose change means restart."""
+    env_op = put_text(f"Render {s.env_file}", service_env(s, secrets_for(cp)), s.env_file, "0600")
+    unit_text = render(template, cluster=cp.name, service=s, user=user,
+                       timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), **extra)
+    unit_op = put_text(f"Render {unit_path(s)}", unit_text, unit_path(s), "0644")
+    return unit_op, env_op
+
+
+def _did_change(op) -> bool:
+    try:
+        return op.did_change()
+    except RuntimeError:  # not executed on this host
+        return False
+
+
+def started_anything() -> bool:
+    """True when this run (re)started any service on any host so far (decided at execution time)."""
+    return any(_did_change(op) for op in getattr(state, "_m3_service_ops", ()))
+
+
+def start_or_restart(s: Service, unit_op, changed_ops):
+    """daemon-reload if the unit changed; restart iff any of changed_ops changed, else ensure started.
+    Returns a callable: did this run (re)start the service? (readiness waits run only then)."""
+    systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
+    changed = any_changed(*changed_ops)
+    restart = systemd.service(name=f"Restart {s.unit} (its files changed)", service=s.unit, running=True,
+                              restarted=True, enabled=True, _if=changed)
+    start = systemd.service(name=f"Start {s.unit}", service=s.unit, running=True, enabled=True,
+                            _if=lambda: not changed())
+    if not hasattr(state, "_m3_service_ops"):
+        state._m3_service_ops = []
+    state._m3_service_ops += [restart, start]
+    return lambda: _did_change(restart) or _did_change(start)
+
+
+@operation()
+def barrier():
+    """An operation without commands: pyinfra runs it on every host before any later operation, and it
+    never counts as a change."""
+    return
+    yield  # noqa: unreachable - makes this a generator, as pyinfra operations are
+
+
+def journal_tail(unit: str, lines: int = 40):
+    """A logs() callable for readiness: the unit's journal over the pyinfra connection."""
+    def fetch() -> str:
+        ok, out = host.run_shell_command(
+            f"journalctl --no-pager -o short-iso -n {lines} -u {shlex.quote(unit)} 2>&1 || true")
+        return "\n".join(out.output_lines) if hasattr(out, "output_lines") else str(out)
+    return fetch
+
+
+def _wait(readiness, what, unit):
+    took = _readiness.wait_ready(readiness, what=what, logs=journal_tail(unit))
+    host.log(f"{what}: ready in {took:.1f} s")
+
+
+def _fake_host() -> bool:
+    return getattr(host.connector_cls, "__name__", "") == "FakeConnector"
+
+
+def wait_ready(s: Service, started=None):
+    """Poll the service's readiness from the controller, when this run (re)started it (`started`)."""
+    if _fake_host():  # pyinfra @fake planning runs (tests/deploy): nothing to poll
+        return
+    if s.readiness and s.readiness.kind in _readiness.CHECKS:
+        python.call(name=f"Wait for {s.unit} ({_readiness.describe(s.readiness)})", function=_wait,
+                    readiness=s.readiness, what=f"{s.unit} on {s.host}", unit=s.unit,
+                    **({"_if": started} if started is not None else {}))

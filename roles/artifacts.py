@@ -1,0 +1,88 @@
+"""Ship Dynamo's wheelhouse, build the versioned venv OFFLINE, ship the mock model (mocker engine).
+
+Reads (through m3deploy.context): cluster_plan().dynamo_version, .venv, .engine, .model_dir,
+.served_model_name; host_plan().services (only hosts with a native frontend/worker get the venv;
+only hosts with a mocker worker get the model dir).
+
+The controller builds the wheelhouse once (m3deploy.artifacts.ensure_wheelhouse, cached under
+~/.cache/m3deploy/wheelhouse/dynamo-<v>/). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/;
+the host's copy is compared by one fact (sha256 of its SHA256SUMS): when equal nothing is sent.
+After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt only when its
+stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
+python3-venv package (`venv --without-pip`, pip bootstrapped from its own wheel).
+"""
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Command
+from pyinfra.operations import files, server
+
+from m3deploy import artifacts, mockmodel
+from m3deploy.errors import M3Error
+from roles import _units as u
+
+WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
+STAMP = ".m3-wheelhouse"
+
+
+def _remote_manifest_digest(d: str) -> str:
+    q = shlex.quote(f"{d}/{artifacts.MANIFEST}")
+    return (host.get_fact(Command, command=f"if [ -f {q} ]; then sha256sum < {q} | cut -d' ' -f1; "
+                                           f"else echo none; fi") or "").strip()
+
+
+@deploy("Ship Dynamo artifacts")
+def deploy_artifacts():
+    cp, hp = u.plans()
+    native = [s for s in hp.services if s.kind in ("frontend", "worker") and not s.image]
+    if not native:
+        host.noop("no native Dynamo process on this host: no venv needed")
+        return
+    if not cp.dynamo_version or not cp.venv:
+        raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
+                      "dynamo_version/venv (set m3_dynamo_version)")
+    local = artifacts.ensure_wheelhouse(cp.dynamo_version)
+    digest = artifacts.manifest_digest(local)
+    reqs = artifacts.read_requirements(local)
+    remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"
+
+    if _remote_manifest_digest(remote) != digest:
+        files.directory(name=f"Ensure {remote}", path=remote, user="root", group="root", mode="0755")
+        # One put per wheel (each compares sha1 first, so only changed wheels travel).
+        for name in sorted(artifacts.read_manifest(local)):
+            files.put(name=f"Ship wheel {name}", src=str(local / name), dest=f"{remote}/{name}",
+                      user="root", group="root", mode="0644")
+        files.put(name=f"Ship {remote}/{artifacts.MANIFEST}.new", src=str(local / artifacts.MANIFEST),
+                  dest=f"{remote}/{artifacts.MANIFEST}.new", mode="0644")
+        server.shell(name="Verify the wheelhouse on the host (sha256sum -c), drop stale wheels", commands=[
+            f"cd {shlex.quote(remote)} && sha256sum --quiet --strict -c {artifacts.MANIFEST}.new "
+            f"&& mv {artifacts.MANIFEST}.new {artifacts.MANIFEST}",
+            f"cd {shlex.quote(remote)} && for f in *.whl; do grep -q \"  $f\\$\" {artifacts.MANIFEST} "
+            f"|| rm -f -- \"$f\"; done"])
+    else:
+        host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
+
+    venv = cp.venv
+    stamp = (host.get_fact(Command, command=f"cat {shlex.quote(venv)}/{STAMP} 2>/dev/null; "
+                                            f"test -x {shlex.quote(venv)}/bin/python || echo broken")
+             or "").strip()
+    if stamp != digest:
+        cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs)
+        server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[
+            f"rm -rf {shlex.quote(venv)}", *cmds,
+            f"{shlex.quote(venv)}/bin/python -c 'import dynamo.frontend, dynamo.mocker'",
+            f"echo {digest} > {shlex.quote(venv)}/{STAMP}"])
+    else:
+        host.noop(f"{venv} is built from this wheelhouse")
+
+    mockers = [s for s in native if s.kind == "worker" and cp.engine == "mocker"]
+    if mockers:
+        if not cp.model_dir:
+            raise M3Error("engine mocker needs the plan's model_dir (m3_model_dir)")
+        model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)
+        files.directory(name=f"Ensure {cp.model_dir}", path=cp.model_dir, user="root", group="root",
+                        mode="0755")
+        for name in mockmodel.FILES:
+            files.put(name=f"Ship mock model {cp.model_dir}/{name}", src=str(model / name),
+                      dest=f"{cp.model_dir}/{name}", user="root", group="root", mode="0644")

@@ -1,0 +1,72 @@
+"""Remove everything the deploy created on this host (the plan's state "absent").
+
+Reads (through m3deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
+m3_keep_caches); host_plan().services (units, env files, workdirs, containers), .weights_dir.
+Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
+workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
+etcd-server/nats-server packages. Caches (wheelhouse, venv, mock model, weights_dir) are removed
+too unless m3_keep_caches is true. The system user m3 is removed. Idempotent.
+"""
+import shlex
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, server, systemd
+
+from m3deploy.errors import M3Error
+from roles import _units as u
+from roles.artifacts import WHEELHOUSE_ROOT
+from roles.etcd import AUTH_SCRIPT
+
+
+def _safe(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    if not path.startswith("/") or len(parts) < 2 or ".." in parts:
+        raise M3Error(f"refusing to delete {path!r}: not an absolute path at least two levels deep")
+    return path
+
+
+@deploy("Tear down the MiniMax-M3 stack")
+def teardown():
+    cp, hp = u.plans()
+    keep = bool(dict(cp.settings).get("m3_keep_caches", False))
+    svcs = list(reversed(hp.services))
+    # One idempotent command: stop/disable every unit that exists, remove containers.
+    names = " ".join(shlex.quote(s.unit) for s in svcs)
+    containers = " ".join(shlex.quote(s.name.replace("@", "-")) for s in svcs if s.image)
+    cmds = [f"for x in {names}; do systemctl disable --now \"$x\" 2>/dev/null || true; done"] if svcs else []
+    if containers:
+        cmds.append(f"command -v docker >/dev/null && docker rm -f {containers} >/dev/null 2>&1 || true")
+    if cmds:
+        server.shell(name="Stop and disable the m3 units", commands=cmds)
+    for s in svcs:
+        files.file(name=f"Remove {u.unit_path(s)}", path=u.unit_path(s), present=False)
+        if s.env_file:
+            files.file(name=f"Remove {s.env_file}", path=s.env_file, present=False)
+        if s.kind == "nats" and "-c" in s.argv:
+            files.file(name="Remove nats.conf", path=s.argv[s.argv.index("-c") + 1], present=False)
+        if s.workdir:
+            files.directory(name=f"Remove {s.workdir}", path=_safe(s.workdir), present=False)
+    kinds = {s.kind for s in svcs}
+    if "etcd" in kinds:
+        files.file(name=f"Remove {AUTH_SCRIPT}", path=AUTH_SCRIPT, present=False)
+    if "nats" in kinds:
+        files.link(name="Unmask nats-server.service", path="/etc/systemd/system/nats-server.service",
+                   present=False)
+    systemd.daemon_reload(name="Reload systemd")
+    pkgs = [p for k, p in (("etcd", "etcd-server"), ("nats", "nats-server")) if k in kinds]
+    if pkgs:
+        apt.packages(name=f"Remove {', '.join(pkgs)}", packages=pkgs, present=False)
+    files.directory(name="Remove /etc/m3", path="/etc/m3", present=False)
+    if not keep:
+        paths = []
+        if any(s.kind in ("frontend", "worker") and not s.image for s in svcs):
+            paths += [cp.venv, f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else ""]
+            if cp.engine == "mocker":
+                paths.append(cp.model_dir)
+        if hp.weights_dir:
+            paths.append(hp.weights_dir)
+        for p in filter(None, paths):
+            files.directory(name=f"Remove {p}", path=_safe(p), present=False)
+    if any(not s.image and s.kind in ("frontend", "worker") for s in svcs):
+        server.user(name=f"Remove system user {u.M3_USER}", user=u.M3_USER, present=False)
+        files.directory(name=f"Remove {u.M3_HOME}", path=u.M3_HOME, present=False)

@@ -1,0 +1,610 @@
+"""deploy.py itself, loaded the way `pyinfra -y inventories/<x>.py deploy.py` loads it
+(pyinfra_cli.util.load_deploy_file, pyinfra.is_cli, every host's copy run in pyinfra's greenlet pool), on
+`@fake/<name>` hosts that carry the shipped inventory's data and groups, for every shipped inventory
+except testbed.py (deployed for real by the e2e tests). Nothing in m3deploy.context is replaced: the plan
+is built and validated from this pyinfra inventory exactly as in a real run. What is asserted is what
+pyinfra would run: the ops, in pyinfra's cluster-wide op order, with their commands and uploaded texts.
+
+Fact values:
+- NVIDIA (h200, b200, gb200): the real 2x H200 capture (tests/fixtures/h200x2-device/facts.json), with the
+  GPU list replicated to the plan's GPU count. For B200/GB200 the GPU name is renamed to the plan's model
+  and memory_mib set to the plan's per-GPU memory (the capture is an H200: 141 GB), and GB200 trays get
+  arch aarch64 (Grace), the inventory's interface as default route and one active InfiniBand HCA. The
+  disk is the capture's, with avail_bytes raised above the weights' size.
+- AMD (mi300x, mi355x, mi355x_mxfp4): the mi300x *documentation* fixtures (tests/fixtures/mi300x, not
+  captured), GPU name renamed to "AMD Instinct MI355X" and memory set to 288 GB for MI355X.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from m3deploy import facts as F
+from m3deploy import plan as planmod
+from m3deploy.model import Service
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Os, Which
+from roles.preflight import PreflightFailed
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+DEVICE = json.loads((FIX / "h200x2-device" / "facts.json").read_text())
+AMD_GPUS = F.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text())
+AMD_TOPO = F.parse_rocm_topology((FIX / "mi300x" / "rocm-smi-showtopotype.json").read_text())
+ROCM = F.parse_rocm_version((FIX / "mi300x" / "rocm-version.txt").read_text())
+INVENTORIES = ["gb200", "h200", "b200", "mi300x", "mi355x", "mi355x_mxfp4"]
+HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
+
+# deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
+ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Ship Dynamo artifacts", "Container images",
+              "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
+              "Check the cluster is serving"]
+GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
+
+
+# ---------------------------------------------------------------------------------------------- controller
+
+_runner = {}
+
+
+@pytest.fixture(autouse=True)
+def controller(tmp_path, monkeypatch, deploy_file):
+    """The controller's side: secrets store and artifact cache under tmp_path, an HF token in the env,
+    and a tiny complete wheelhouse (so the artifacts role never reaches PyPI)."""
+    from m3deploy import artifacts
+    from roles import _units
+
+    _runner["run"] = deploy_file  # conftest's run_deploy_file, its patches undone after each test
+    monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
+    monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
+    for version in ("1.6.1",):
+        wh = artifacts.wheelhouse_dir(version)
+        wh.mkdir(parents=True)
+        (wh / "pip-25.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+        (wh / artifacts.REQS_FILE).write_text("ai-dynamo-runtime==1.6.1\n")
+        artifacts.write_manifest(wh)
+        (wh / artifacts.COMPLETE).write_text("ai-dynamo==1.6.1\n")
+
+    def no_pypi(*a, **kw):
+        raise AssertionError("the deploy tests must not download wheels")
+    monkeypatch.setattr(artifacts, "_pip_download", no_pypi)
+    yield tmp_path / "config"
+    _units._secrets.cache_clear()
+
+
+@pytest.fixture
+def dynamo_ready(controller):
+    """The controller's secrets store in a temp dir (M3DEPLOY_CONFIG); secrets are generated there."""
+    return controller
+
+
+# ---------------------------------------------------------------------------------------------- facts
+
+def _nvidia_gpus(hp) -> list[dict]:
+    base = DEVICE["gpus"][0]
+    out = []
+    for i in range(hp.gpus):
+        g = dict(base, index=i, uuid=f"GPU-{i:08d}-0000-0000-0000-{hp.name[-12:]:>012}",
+                 bus_id=f"00000000:{0x18 + i:02X}:00.0")
+        if hp.gpu_model != base["name"]:  # B200 / GB200: the capture is an H200
+            g.update(name=hp.gpu_model, memory_mib=int(hp.gpu_memory_gb * 1e9 / 2**20) + 1)
+        out.append(g)
+    return out
+
+
+def _common(hp) -> dict:
+    os_ = dict(DEVICE["os"])
+    if hp.platform in ("gb200", "gb300"):
+        os_["arch"] = "aarch64"
+    need = max(hp.weights_gb, 1) * 10**9
+    return {
+        F.OsInfo: os_,
+        F.ShmSize: DEVICE["shm"],
+        F.FreeSpace: lambda path: {**DEVICE["disk"], "avail_bytes": need + 500 * 10**9},
+        F.DefaultRouteInterface: hp.interface or DEVICE["default_interface"],
+        F.RdmaDevices: F.parse_rdma("dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand "
+                                    "netdev=ibp3s0") if hp.needs_rdma else [],
+    }
+
+
+def _marker(hp, cp):
+    from roles.weights import marker_path
+    return marker_path(hp.weights_dir, cp.model_id)
+
+
+def nvidia_facts(hp, cp, state: str = "provisioned") -> dict:
+    t = _common(hp)
+    t[File] = lambda path: None  # no /etc/dgx-release, no weights marker, no unit files yet
+    if state == "fresh":
+        return t
+    imex = hp.platform in ("gb200", "gb300")
+    fm_pkg = "nvidia-imex-580" if imex else "nvidia-fabricmanager-580"
+    fm_svc = "nvidia-imex" if imex else "nvidia-fabricmanager"
+    marker = _marker(hp, cp)
+    # on a provisioned GB200 tray, /etc/nvidia-imex/nodes_config.cfg already lists the trays
+    from roles.drivers import IMEX_NODES
+    imex_text = "".join(f"{h.address}\n" for h in cp.hosts if h.platform == hp.platform and h.gpus)
+    present = {marker: {"mode": 644, "size": 0},
+               IMEX_NODES: {"mode": 644, "size": len(imex_text), "user": "root", "group": "root"}}
+    t.update({
+        F.NvidiaSmi: {"present": True, "gpus": _nvidia_gpus(hp), "error": ""},
+        F.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
+        F.NvidiaTopology: DEVICE["topology"],
+        F.NvidiaPackages: {"cuda-keyring": "1.1-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
+                           fm_pkg: "580.159.04-1", "nvidia-container-toolkit": "1.17.4-1"},
+        F.RebootRequired: DEVICE["reboot"],
+        F.GpuServices: F.parse_services(f"{fm_svc} enabled active\ndocker enabled active\n"),
+        F.DockerInfo: F.parse_docker('present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n'
+                                     'ctk=NVIDIA Container Toolkit CLI version 1.17.4\n--- daemon.json\n'
+                                     '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}'),
+        F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "1" * 64, "digests": [image]},
+        File: lambda path: present.get(path),
+        Directory: lambda path: {"mode": 755, "user": "root", "group": "root"} if path == "/etc/nvidia-imex" else None,
+        Sha1File: lambda path: hashlib.sha1(imex_text.encode()).hexdigest() if path == IMEX_NODES else None,
+    })
+    return t
+
+
+def amd_facts(hp, cp, state: str = "provisioned") -> dict:
+    t = _common(hp)
+    t[File] = lambda path: None
+    if state == "fresh":
+        return t
+    gpus = copy.deepcopy(AMD_GPUS)[: hp.gpus]
+    for g in gpus:
+        if g["name"] != hp.gpu_model:  # MI355X: the documentation fixtures describe an MI300X
+            g.update(name=hp.gpu_model, gfx="gfx950", memory_mib=int(hp.gpu_memory_gb * 1e9 / 2**20) + 1)
+    marker = _marker(hp, cp)
+    t.update({
+        F.AmdGpus: gpus, F.AmdTopology: AMD_TOPO, F.RocmVersion: ROCM,
+        F.AmdDevices: lambda user="root": F.parse_amd_devices(
+            f"kfd=yes\ndri=card0 card1 renderD128 renderD129\ngroups={user} video render\n"),
+        F.RebootRequired: F.parse_reboot(""),
+        F.GpuServices: F.parse_services("docker enabled active\n"),
+        F.DockerInfo: F.parse_docker("present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n"),
+        F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "2" * 64, "digests": [image]},
+        File: lambda path: {"mode": 644, "size": 0} if path == marker else None,
+    })
+    return t
+
+
+def control_facts(hp, cp, state="provisioned") -> dict:
+    return {F.OsInfo: DEVICE["os"], F.ShmSize: DEVICE["shm"],
+            F.FreeSpace: lambda path: DEVICE["disk"], File: lambda path: None}
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+class Cluster:
+    """One shipped inventory as pyinfra's CLI would see it, plus the plan built from it."""
+
+    def __init__(self, inv: str, override_data: dict | None = None):
+        self.inv = inv
+        self.hosts = planmod.load_inventory(ROOT / "inventories" / f"{inv}.py")
+        self.override_data = override_data
+        self.plan = planmod.build(self.hosts, name=inv)
+        self.groups: dict[str, list[str]] = {"control": [], "workers": [], inv: []}
+        for h in self.hosts:
+            for g in h.groups:
+                self.groups.setdefault(g, []).append(h.name)
+        assert self.groups[inv] == [h.name for h in self.hosts]
+
+    def facts(self, name: str, state: str = "provisioned") -> dict:
+        hp = self.plan.host(name)
+        fn = {"nvidia": nvidia_facts, "amd": amd_facts}.get(hp.gpu_vendor, control_facts)
+        return fn(hp, self.plan, state)
+
+    def run(self, state: str = "provisioned", facts: dict | None = None, data: dict | None = None,
+            raises: tuple = ()):
+        """facts/data: {host name: {FactClass: value}} / {host name: {key: value}} on top of the defaults."""
+        hosts = {}
+        for h in self.hosts:
+            # @fake answers every command with nothing: a Linux host whose tools (useradd...) exist
+            t = {Os: "Linux", Which: lambda command: f"/usr/sbin/{command}", **self.facts(h.name, state)}
+            t.update((facts or {}).get(h.name, {}))
+            hosts[h.name] = {"data": {**h.data, **(data or {}).get(h.name, {})}, "facts": t}
+        return _runner["run"](hosts, self.groups, override_data=self.override_data, raises=raises)
+
+
+BARRIER = "Every host has reached: "
+
+
+def role(op_name: str) -> str:
+    return op_name.split(" | ")[0]
+
+
+def short(o, host: str | None = None) -> str:
+    """The op's name without its role, as seen on `host` (ops shared by hosts carry every host's name)."""
+    names = [n for n in o.names if host and f"@fake/{host} " in n] or o.names
+    return names[0].split(" | ", 1)[-1]
+
+
+def changing(ops) -> list:
+    """Ops that would run a command or upload (an op whose generator yields nothing is a no-op)."""
+    return [o for o in ops if o.commands]
+
+
+def roles_of(ops) -> list[str]:
+    out: list[str] = []
+    for o in ops:
+        r = role(o.name)
+        if r.startswith(BARRIER):
+            continue
+        if not out or out[-1] != r:
+            out.append(r)
+    return out
+
+
+def global_roles(run) -> list[str]:
+    """The role of every op in pyinfra's cluster-wide op order (each op runs on all its hosts first)."""
+    out = []
+    for h in run.state.get_op_order():
+        names = run.state.get_op_meta(h).names
+        assert len({role(n) for n in names}) == 1, f"one op shared by two roles: {names}"
+        out.append(role(next(iter(names))))
+    return out
+
+
+def barrier_positions(run) -> list[int]:
+    return [i for i, r in enumerate(global_roles(run)) if r.startswith(BARRIER)]
+
+
+def op(ops, name: str):
+    for o in ops:
+        if any(n.split(" | ", 1)[-1] == name or n == name for n in o.names):
+            return o
+    raise AssertionError(f"no op {name!r}; ops: {[o.name for o in ops]}")
+
+
+def assert_role_order(run, cluster: Cluster):
+    """Each host runs its roles in ROLE_ORDER; cluster-wide, every control service and every GPU host's
+    preparation is done before any worker starts, and every worker before the serving check."""
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        got = roles_of(ops)
+        idx = [ROLE_ORDER.index(r) for r in got]  # an unknown role fails here, naming it
+        assert idx == sorted(idx), (name, got)
+        if not hp.gpus:
+            assert not set(got) & GPU_ROLES, (name, got)
+            assert "Deploy the workers" not in got, (name, got)
+        if "control" not in hp.groups:
+            assert not set(got) & {"Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend"}, (name, got)
+        barriers = [short(o) for o in ops if o.name.startswith(BARRIER)]
+        assert barriers == [BARRIER + "control services and GPU hosts ready", BARRIER + "workers started"], name
+    seq = global_roles(run)
+    first, second = barrier_positions(run)
+    before, middle, after = seq[:first], seq[first + 1:second], seq[second + 1:]
+    assert set(middle) <= {"Deploy the workers"}, middle
+    assert "Deploy the workers" not in before + after
+    assert set(after) <= {"Check the cluster is serving"}, after
+    assert "Check the cluster is serving" not in before + middle
+
+
+def roles_of_names(seq):
+    out = []
+    for r in seq:
+        if not out or out[-1] != r:
+            out.append(r)
+    return out
+
+
+def unexec(line: str) -> list[str]:
+    """Split an ExecStart= value the way systemd does for what render.systemd_arg produces
+    (double quotes with \\\\ and \\" escapes, $$ -> $, %% -> %)."""
+    return shlex.split(line.replace("%%", "%").replace("$$", "$"))
+
+
+def unit_field(text: str, key: str) -> list[str]:
+    return [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith(f"{key}=")]
+
+
+def store_secrets(config: Path) -> list[str]:
+    return [v for p in config.glob("*/secrets.json") for v in json.loads(p.read_text()).values()]
+
+
+def assert_no_secret_leak(run, config: Path):
+    secrets = [*store_secrets(config), HF_TOKEN]
+    assert len(secrets) >= 4, secrets  # the store was used (etcd/NATS passwords) and the token is set
+    for name, ops in run.ops_by_host.items():
+        for o in ops:
+            for s in secrets:
+                assert s not in o.name, (name, o.name)
+                assert not any(s in c for c in o.commands), (name, o.name)
+                for dest, text in o.uploads.items():
+                    if dest.endswith(".env") or dest == "/etc/m3/hf_token":
+                        continue  # the 0600 root env files and token file are where secrets belong
+                    assert s not in text, (name, dest)
+
+
+def worker_services(cluster, name) -> list[Service]:
+    return [s for s in cluster.plan.host(name).services if s.kind == "worker"]
+
+
+def check_worker_units(run, cluster, config: Path):
+    """Each worker rank's env file (0600, every plan env var, its secrets) and unit are rendered; the
+    unit runs the plan's exact command."""
+    from m3deploy.render import env_line
+    from m3deploy.secrets import load_secrets
+
+    store = load_secrets(cluster.plan.name)
+    for name, ops in run.ops_by_host.items():
+        for s in worker_services(cluster, name):
+            env_op = op(ops, f"Render {s.env_file}")
+            unit_op = op(ops, f"Render /etc/systemd/system/{s.unit}")
+            assert f"UPLOAD {s.env_file}" in env_op.commands
+            assert f"chmod 600 {s.env_file}" in env_op.commands, env_op.commands
+            env_lines = env_op.uploads[s.env_file].splitlines()
+            dialect = "docker" if s.image else "systemd"
+            for k, v in s.env:
+                if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES"):
+                    continue  # completed from this host's live facts (context.host_plan)
+                assert env_line(k, v, dialect) in env_lines, (name, k)
+            for k, secret in s.secret_env:
+                assert env_line(k, store[secret], dialect) in env_lines, (name, k)
+            unit = unit_op.uploads[f"/etc/systemd/system/{s.unit}"]
+            (exec_start,) = unit_field(unit, "ExecStart")
+            assert unexec(exec_start) == list(s.command), (name, s.unit)
+            if s.image:
+                # docker reads the env file itself: `--env-file` inside the command, no EnvironmentFile=
+                assert f"--env-file {s.env_file}" in shlex.join(s.command)
+                assert unit_field(unit, "EnvironmentFile") == []
+            else:
+                assert unit_field(unit, "EnvironmentFile") == [s.env_file]
+            start = op(ops, f"Start {s.unit}")
+            assert f"systemctl start {s.unit}" in start.commands and f"systemctl enable {s.unit}" in start.commands
+            assert op(ops, f"Restart {s.unit} (its files changed)").conditional  # only if a file changed
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+@pytest.fixture
+def cluster_run(dynamo_ready):
+    def _run(inv, **kw):
+        c = Cluster(inv)
+        return c, c.run(**kw)
+    return _run
+
+
+@pytest.mark.parametrize("inv", INVENTORIES)
+def test_provisioned_cluster_only_renders_and_starts_units(inv, cluster_run, controller):
+    cluster, run = cluster_run(inv)
+    assert run.error is None
+    assert set(run.ops_by_host) == {h.name for h in cluster.hosts}
+    assert_role_order(run, cluster)
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        got = roles_of(changing(ops))
+        # skip-when-right: nothing of drivers/runtime/images/weights on a provisioned host
+        assert not set(got) & GPU_ROLES, (name, got)
+        cmds = " ".join(c for o in ops for c in o.commands)
+        for bad in ("nvidia-driver-", "nvidia-ctk runtime configure", "amdgpu-install", "docker pull",
+                    " download ", "reboot"):
+            assert bad not in cmds, (name, bad)
+        if hp.gpus:
+            assert got[0] == "Deploy the workers", (name, got)
+    check_worker_units(run, cluster, controller)
+    # the serving check runs once, on the endpoint's host, last
+    owners = [n for n, ops in run.ops_by_host.items() if any(role(o.name) == "Check the cluster is serving" for o in ops)]
+    assert len(owners) == 1
+    assert global_roles(run)[-1] == "Check the cluster is serving"
+    assert cluster.plan.host(owners[0]).address in cluster.plan.endpoint
+    assert_no_secret_leak(run, controller)
+
+
+@pytest.mark.parametrize("inv", INVENTORIES)
+def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
+    cluster, run = cluster_run(inv, state="fresh")
+    assert run.error is None
+    assert_role_order(run, cluster)
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        if not hp.gpus:
+            continue
+        got = roles_of(ops)
+        assert got[:4] == ["GPU drivers", "Container runtime", "Container images", "Model weights"], (name, got)
+        assert got[4] == "Deploy the workers", (name, got)
+        names = [short(o, name) for o in ops]
+        # no m3_allow_reboot: the driver install stops the host with its name before anything runs on the GPUs
+        stop = names.index(f"Stop: @fake/{name} needs a reboot")
+        assert all(role(o.name) == "GPU drivers" for o in ops[: stop + 1])
+        if hp.gpu_vendor == "nvidia":
+            drv = op(ops, next(n for n in names if n.startswith("Install nvidia-driver-580-open")))
+            assert any("install -o DPkg::Lock::Timeout=900 nvidia-driver-580-open" in c for c in drv.commands)
+            assert op(ops, "Add the nvidia runtime to /etc/docker/daemon.json").commands == [
+                "nvidia-ctk runtime configure --runtime=docker"]
+        else:
+            assert any(n.startswith("Install ROCm 7.2") for n in names), names
+        images = {s.image for s in hp.services if s.image}
+        pulls = [c for o in ops if role(o.name) == "Container images" for c in o.commands]
+        assert pulls == [f"docker pull {shlex.quote(i)}" for i in images]
+        assert any(c.endswith(f"download {cluster.plan.model_id}") for o in ops for c in o.commands)
+    check_worker_units(run, cluster, controller)
+    assert_no_secret_leak(run, controller)
+
+
+@pytest.mark.parametrize("inv", ["h200", "gb200", "mi355x"])
+def test_reboot_needed_stops_or_reboots(inv, cluster_run):
+    cluster = Cluster(inv)
+    gpu_hosts = [h.name for h in cluster.plan.hosts if h.gpus]
+    pending = F.parse_reboot("nvidia_loaded=570.124.06\nnvidia_installed=580.159.04\n" if
+                             cluster.plan.hosts[-1].gpu_vendor == "nvidia" else "file=yes\npkg=linux-image-6.8.0-60\n")
+    facts = {n: {F.RebootRequired: pending} for n in gpu_hosts}
+    run = cluster.run(facts=facts)
+    assert run.error is None
+    for n in gpu_hosts:
+        ops = run.for_host(n)
+        assert [short(o, n) for o in changing(ops) if role(o.name) == "GPU drivers"] == [f"Stop: @fake/{n} needs a reboot"]
+        assert "m3_allow_reboot" in op(ops, f"Stop: @fake/{n} needs a reboot").commands[0]
+    run = cluster.run(facts=facts, data={n: {"m3_allow_reboot": True} for n in gpu_hosts})
+    for n in gpu_hosts:
+        assert [short(o, n) for o in changing(run.for_host(n)) if role(o.name) == "GPU drivers"] == [
+            "Reboot to load the GPU driver", "Check the GPU driver after the reboot"]
+    assert_role_order(run, cluster)
+
+
+@pytest.mark.parametrize("inv", ["h200", "b200", "gb200"])
+def test_wrong_nvidia_driver_branch_is_replaced(inv, cluster_run):
+    cluster = Cluster(inv)
+    facts = {}
+    for h in cluster.plan.hosts:
+        if h.gpus:
+            pk = dict(cluster.facts(h.name)[F.NvidiaPackages])
+            del pk["nvidia-driver-580-open"]
+            pk["nvidia-driver-570-open"] = "570.124.06-1"
+            facts[h.name] = {F.NvidiaDriver: {"version": "570.124.06", "flavor": "open", "cuda_version": "12.8"},
+                             F.NvidiaPackages: pk}
+    run = cluster.run(facts=facts)
+    assert run.error is None  # an old driver is the drivers role's job, not a preflight stop
+    for n in facts:
+        got = [short(o, n) for o in changing(run.for_host(n)) if role(o.name) == "GPU drivers"]
+        assert got == ["Install nvidia-driver-580-open", f"Stop: @fake/{n} needs a reboot"], got
+        assert not any(o.commands == ["apt-get update"] for o in run.for_host(n))
+
+
+@pytest.mark.parametrize("inv", ["mi300x", "mi355x"])
+def test_old_rocm_is_upgraded(inv, cluster_run):
+    cluster = Cluster(inv)
+    (n,) = [h.name for h in cluster.plan.hosts if h.gpus]
+    run = cluster.run(facts={n: {F.RocmVersion: "6.4.1"}})
+    got = [short(o, n) for o in run.for_host(n) if role(o.name) == "GPU drivers"]
+    assert got[0] == "Install amdgpu-install 7.2" and got[-1] == f"Stop: @fake/{n} needs a reboot", got
+
+
+@pytest.mark.parametrize("inv", INVENTORIES)
+def test_missing_gpus_stop_the_deploy_before_any_change(inv, cluster_run):
+    from pyinfra.api.exceptions import PyinfraError
+
+    cluster = Cluster(inv)
+    victim = [h for h in cluster.plan.hosts if h.gpus][-1]
+    facts = cluster.facts(victim.name)
+    if victim.gpu_vendor == "nvidia":
+        smi = facts[F.NvidiaSmi]
+        fewer = {F.NvidiaSmi: {**smi, "gpus": smi["gpus"][:-1]}}
+    else:
+        fewer = {F.AmdGpus: facts[F.AmdGpus][:-1]}
+    run = cluster.run(facts={victim.name: fewer}, raises=(PreflightFailed,))
+    err = run.error
+    # raised from load_deploy_file (pyinfra's prepare stage) as a PyinfraError: the CLI prints it and
+    # exits before `run_ops`, so no op runs on any host
+    assert isinstance(err, PreflightFailed) and isinstance(err, PyinfraError)
+    msg = str(err)
+    assert "preflight failed on 1 host(s)" in msg
+    assert f"@fake/{victim.name}: gpu-count: {victim.gpus - 1} GPU(s) found, plan needs {victim.gpus}" in msg
+    # one error for the whole cluster, even though every host's copy of deploy.py calls preflight()
+    assert msg.count("gpu-count") == 1
+
+
+@pytest.mark.parametrize("inv,override,problem", [
+    ("h200", {"m3_variant": "nvfp4"}, "nvfp4"),
+    ("mi355x", {"m3_parallel": "tp16"}, "tp16"),
+])
+def test_invalid_plan_exits_2_before_any_op(inv, override, problem, capsys):
+    cluster = Cluster.__new__(Cluster)
+    cluster.inv, cluster.override_data = inv, override
+    cluster.hosts = planmod.load_inventory(ROOT / "inventories" / f"{inv}.py")
+    cluster.groups = {"control": [], "workers": [h.name for h in cluster.hosts], inv: [h.name for h in cluster.hosts]}
+    hosts = {h.name: {"data": dict(h.data), "facts": {}} for h in cluster.hosts}
+    run = _runner["run"](hosts, cluster.groups, override_data=override, raises=(SystemExit,))
+    assert isinstance(run.error, SystemExit) and run.error.code == 2
+    assert run.state.get_op_order() == []
+    assert all(ops == [] for ops in run.ops_by_host.values())
+    err = capsys.readouterr().err
+    assert "m3deploy: invalid cluster plan, nothing was changed:" in err
+    assert problem in err, err
+
+
+def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
+    cluster, run = cluster_run("gb200")
+    ctl, t1, t2 = (h.name for h in cluster.hosts)
+    assert cluster.plan.host(ctl).groups == ("control",)
+    assert roles_of(run.for_host(ctl)) == ["Ship Dynamo artifacts", "Deploy etcd", "Deploy NATS",
+                                           "Deploy the Dynamo frontend", "Check the cluster is serving"]
+    units = {}
+    for n in (t1, t2):
+        (s,) = worker_services(cluster, n)
+        units[n] = unexec(unit_field(op(run.for_host(n), f"Render /etc/systemd/system/{s.unit}")
+                                     .uploads[f"/etc/systemd/system/{s.unit}"], "ExecStart")[0])
+    a, b = units[t1], units[t2]
+    t1_addr = cluster.plan.host(t1).address
+    assert a[a.index("--node-rank") + 1] == "0" and "--headless" not in a
+    assert b[b.index("--node-rank") + 1] == "1" and b[-1] == "--headless"
+    assert a[a.index("--master-addr") + 1] == b[b.index("--master-addr") + 1] == t1_addr
+    assert a[a.index("--nnodes") + 1] == "2"
+    assert cluster.plan.workers[0].hosts == (t1, t2)
+    # The live RDMA facts reach the worker env file (context.host_plan completes it from facts)
+    env = op(run.for_host(t1), "Render /etc/m3/m3-worker@0.env").uploads["/etc/m3/m3-worker@0.env"]
+    assert "NCCL_IB_HCA=mlx5_0" in env and "NCCL_SOCKET_IFNAME=enP5p9s0" in env
+    # the frontend is native: its unit reads the 0600 env file with EnvironmentFile=
+    fe = cluster.plan.host(ctl).service("m3-frontend")
+    unit = op(run.for_host(ctl), "Render /etc/systemd/system/m3-frontend.service").uploads[
+        "/etc/systemd/system/m3-frontend.service"]
+    assert unit_field(unit, "EnvironmentFile") == [fe.env_file]
+    assert unexec(unit_field(unit, "ExecStart")[0]) == list(fe.command)
+    # control services come up before any worker, cluster-wide
+    seq = roles_of_names(global_roles(run))
+    assert seq.index("Deploy the Dynamo frontend") < seq.index("Deploy the workers")
+
+
+def test_mi355x_two_engines_two_units(cluster_run):
+    cluster, run = cluster_run("mi355x")
+    (n,) = [h.name for h in cluster.hosts]
+    ops = run.for_host(n)
+    for i, devices in ((0, "0,1,2,3"), (1, "4,5,6,7")):
+        unit = op(ops, f"Render /etc/systemd/system/m3-worker@{i}.service").uploads[
+            f"/etc/systemd/system/m3-worker@{i}.service"]
+        assert f"--env-file /etc/m3/m3-worker@{i}.env" in unit_field(unit, "ExecStart")[0]
+        env = op(ops, f"Render /etc/m3/m3-worker@{i}.env").uploads[f"/etc/m3/m3-worker@{i}.env"]
+        assert devices in env or devices in unit, (i, env)
+
+
+def test_hf_token_only_in_its_0600_file(cluster_run, controller):
+    cluster, run = cluster_run("h200", state="fresh")
+    (n,) = [h.name for h in cluster.hosts]
+    ops = run.for_host(n)
+    up = op(ops, "Upload the Hugging Face token to /etc/m3/hf_token (0600)")
+    assert up.uploads["/etc/m3/hf_token"].strip() == HF_TOKEN
+    assert any("chmod 600 /etc/m3/hf_token" in c for c in up.commands)
+    names = [o.name for o in ops]
+    assert names.index(up.name) < names.index("Model weights | Remove /etc/m3/hf_token")
+    assert_no_secret_leak(run, controller)
+
+
+# ---------------------------------------------------------------------------------------------- known bugs
+
+def test_dynamo_secrets_from_a_fresh_store(controller):
+    """The plan's secret names are the ones the controller's store generates."""
+    assert Cluster("gb200").run().error is None
+
+
+def test_nats_port_names_match_the_plan(controller):
+    cluster = Cluster("gb200")
+    nats = next(s for h in cluster.plan.hosts for s in h.services if s.kind == "nats")
+    assert {p.name for p in nats.ports} == {"client", "monitor"}
+    assert cluster.run().error is None
+
+
+@pytest.mark.xfail(strict=True, reason="gb200 workers' image is to be BUILT on the host FROM base_image + "
+                   "Dynamo wheels (model.Service.base_image), but no role builds it: roles/images.py "
+                   "would `docker pull` the local-only tag")
+def test_gb200_worker_image_is_built_not_pulled(cluster_run):
+    cluster, run = cluster_run("gb200", state="fresh")
+    t1 = cluster.hosts[1].name
+    (s,) = worker_services(cluster, t1)
+    assert s.base_image
+    cmds = [c for o in run.for_host(t1) for c in o.commands]
+    assert f"docker pull {s.image}" not in cmds
+
+
+def test_nats_requires_the_credentials_clients_get(cluster_run):
+    cluster, run = cluster_run("gb200")
+    ctl = cluster.hosts[0].name
+    conf = op(run.for_host(ctl), "Render /etc/m3/nats.conf").uploads["/etc/m3/nats.conf"]
+    assert "authorization {" in conf

@@ -1,0 +1,67 @@
+import hashlib
+
+import pytest
+
+from m3deploy import artifacts
+from m3deploy.errors import M3Error
+
+
+def fake_wheelhouse(d):
+    d.mkdir()
+    (d / "a-1.0-py3-none-any.whl").write_bytes(b"wheel a")
+    (d / "b-2.0-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"wheel b")
+    (d / artifacts.REQS_FILE).write_text("a\nb>=2\n")
+    artifacts.write_manifest(d)
+    return d
+
+
+def test_manifest_roundtrip_and_verify(tmp_path):
+    d = fake_wheelhouse(tmp_path / "wh")
+    sums = artifacts.read_manifest(d)
+    assert sums["a-1.0-py3-none-any.whl"] == hashlib.sha256(b"wheel a").hexdigest()
+    assert artifacts.verify_wheelhouse(d) == []
+    assert artifacts.read_requirements(d) == ["a", "b>=2"]
+    # sha256sum format, so `sha256sum -c SHA256SUMS` works on hosts
+    assert (d / "SHA256SUMS").read_text().splitlines()[0].split("  ")[1] == "a-1.0-py3-none-any.whl"
+
+
+def test_verify_finds_changed_missing_and_unlisted(tmp_path):
+    d = fake_wheelhouse(tmp_path / "wh")
+    (d / "a-1.0-py3-none-any.whl").write_bytes(b"tampered")
+    (d / "b-2.0-cp311-cp311-manylinux_2_17_x86_64.whl").unlink()
+    (d / "c-3.0-py3-none-any.whl").write_bytes(b"extra")
+    problems = "\n".join(artifacts.verify_wheelhouse(d))
+    assert "a-1.0" in problems and "sha256 differs" in problems
+    assert "b-2.0" in problems and "missing" in problems
+    assert "c-3.0" in problems and "not listed" in problems
+    assert artifacts.verify_wheelhouse(d, deep=False)  # presence problems even without hashing
+
+
+def test_bad_manifest_is_a_clear_error(tmp_path):
+    d = tmp_path / "wh"
+    d.mkdir()
+    with pytest.raises(M3Error, match="missing"):
+        artifacts.read_manifest(d)
+    (d / "SHA256SUMS").write_text("nothex  x.whl\n")
+    with pytest.raises(M3Error, match="not a sha256sum line"):
+        artifacts.read_manifest(d)
+
+
+def test_ensure_is_a_noop_when_complete(tmp_path, monkeypatch):
+    monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path))
+    d = artifacts.wheelhouse_dir("9.9.9")
+    d.parent.mkdir(parents=True)
+    fake_wheelhouse(d)
+    (d / artifacts.COMPLETE).write_text("x")
+    monkeypatch.setattr(artifacts, "_pip_download", lambda *a, **k: pytest.fail("downloaded again"))
+    assert artifacts.ensure_wheelhouse("9.9.9") == d
+
+
+def test_install_commands_are_offline():
+    cmds = artifacts.install_commands("1.6.1", "/opt/m3/wheelhouse/dynamo-1.6.1", "/opt/m3/dynamo-1.6.1",
+                                      requirements=["ai-dynamo-runtime==1.6.1", "aiohttp<4,>=3.14.3"])
+    assert cmds[0] == "python3 -m venv --without-pip /opt/m3/dynamo-1.6.1"
+    for c in cmds[1:]:
+        assert "--no-index" in c and "--find-links /opt/m3/wheelhouse/dynamo-1.6.1" in c
+    assert "--no-deps" in cmds[-1] and "ai-dynamo==1.6.1" in cmds[-1]
+    assert cmds[2].count("ai-dynamo-runtime==1.6.1") == 1
