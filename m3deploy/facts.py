@@ -755,9 +755,14 @@ def assemble(values: dict[str, Any], disk: dict[str, Any] | None = None) -> dict
     }
 
 
-def gather_facts(host, weights_dir: str = "/") -> dict[str, Any]:
-    """Run every fact on a connected pyinfra host (reads only) and assemble them."""
-    values = {cls.__name__: host.get_fact(cls) for cls in ALL_FACTS}
+# What a host without GPUs (control hosts, the testbed's sim hosts) is checked on: OS, disk, shm, route.
+BASE_FACTS = (OsInfo, ShmSize, DefaultRouteInterface)
+
+
+def gather_facts(host, weights_dir: str = "/", gpu: bool = True) -> dict[str, Any]:
+    """Run the facts on a connected pyinfra host (reads only) and assemble them: every fact for a GPU
+    host, only BASE_FACTS otherwise (the others take their defaults)."""
+    values = {cls.__name__: host.get_fact(cls) for cls in (ALL_FACTS if gpu else BASE_FACTS)}
     disk = host.get_fact(FreeSpace, path=weights_dir or "/")
     return assemble(values, disk)
 

@@ -13,6 +13,7 @@ smaller vocabulary every reply's content is null (docs/DYNAMO.md).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -193,13 +194,26 @@ def write_model_dir(directory: str | os.PathLike, served_name: str = NAME) -> st
     return digest(files)
 
 
+@functools.lru_cache(maxsize=None)
 def ensure_model_dir(served_name: str = NAME) -> Path:
-    """The controller's cached copy: ~/.cache/m3deploy/mock-model/<digest-prefix>/ (built once)."""
+    """The controller's cached copy: ~/.cache/m3deploy/mock-model/<digest-prefix>/ (built once).
+
+    Training the tokenizer takes ~0.5 s, so the digest directory is remembered per (served name, this
+    generator's source): later runs only read the cached files."""
     from m3deploy.artifacts import cache_root
+    root = cache_root() / "mock-model"
+    key = hashlib.sha256((served_name + "\0" + Path(__file__).read_text()).encode()).hexdigest()[:16]
+    pointer = root / f"by-source-{key}"
+    if pointer.is_file():
+        d = root / pointer.read_text().strip()
+        if all((d / n).is_file() for n in FILES):
+            return d
     files = build_files(served_name)
-    d = cache_root() / "mock-model" / digest(files)[:16]
+    d = root / digest(files)[:16]
     if not all((d / n).is_file() for n in FILES):
         write_model_dir(d, served_name)
+    root.mkdir(parents=True, exist_ok=True)
+    pointer.write_text(d.name + "\n")
     return d
 
 

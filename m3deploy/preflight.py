@@ -340,7 +340,7 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
                     Check("connect", False, f"could not connect to {host.name}",
                           "check the address, SSH user and key in the inventory")]}
                 continue
-            facts = gather_facts(host, hp.weights_dir or "/")
+            facts = gather_facts(host, hp.weights_dir or "/", gpu=hp.gpus > 0)
             checks = check_host(hp, facts)
             if nccl and hp.gpus > 0:
                 checks.append(run_nccl_check(host, hp, float(dict(hp.data).get("m3_nccl_min_busbw_gbps", 0) or 0)))

@@ -4,12 +4,14 @@ everything comes from the plan's Service objects."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import shlex
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, state
-from pyinfra.api import operation
+from pyinfra.api import FactBase, operation
+from pyinfra.api.command import FileUploadCommand
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -55,28 +57,82 @@ def stop_timeout_s(s: Service) -> int:
     return 120 if s.image else 30
 
 
+class PathState(FactBase):
+    """`<mode>:<user>:<group>:<sha256>` of a file, `dir:<mode>:<user>:<group>` of a directory, `-` if absent,
+    `user:<uid>` for `user:NAME` — one command where pyinfra's own ops need two or three facts."""
+
+    @staticmethod
+    def default():
+        return "-"
+
+    def command(self, path):
+        if path.startswith("user:"):
+            return f"id -u {shlex.quote(path[5:])} 2>/dev/null | sed 's/^/user:/' || echo -"
+        q = shlex.quote(path)
+        return (f"if [ -d {q} ]; then stat -c 'dir:%a:%U:%G' {q}; "
+                f"elif [ -f {q} ]; then printf '%s:' \"$(stat -c '%a:%U:%G' {q})\"; sha256sum < {q} | cut -d' ' -f1; "
+                "else echo -; fi")
+
+    def process(self, output):
+        return (output[0].strip() if output else "") or "-"
+
+
+def _mode(mode: str) -> str:
+    return str(mode).lstrip("0") or "0"
+
+
+@operation()
+def put_text(text: str, dest: str, mode: str = "0644", user: str = "root", group: str = "root"):
+    """Write `text` to `dest` with mode/owner, only when any differs. The file is created with its final mode
+    before the content is sent, so a 0600 secret is never readable by others, not even for a moment."""
+    want = f"{_mode(mode)}:{user}:{group}:{hashlib.sha256(text.encode()).hexdigest()}"
+    have = host.get_fact(PathState, path=dest)
+    if have == want:
+        return
+    q = shlex.quote(dest)
+    if have.rsplit(":", 1)[-1] != want.rsplit(":", 1)[-1] or have == "-":
+        yield (f"mkdir -p {shlex.quote(str(Path(dest).parent))} && touch {q} && chown {user}:{group} {q} && "
+               f"chmod {mode} {q}")
+        yield FileUploadCommand(StringIO(text), dest)
+    yield f"chown {user}:{group} {q} && chmod {mode} {q}"
+
+
+@operation()
+def ensure_dir(path: str, mode: str = "0755", user: str = "root", group: str = "root"):
+    """A directory with this mode and owner (one fact)."""
+    if host.get_fact(PathState, path=path) == f"dir:{_mode(mode)}:{user}:{group}":
+        return
+    q = shlex.quote(path)
+    yield f"mkdir -p {q} && chown {user}:{group} {q} && chmod {mode} {q}"
+
+
+@operation()
+def ensure_system_user(user: str, home: str):
+    """A system user and group without login or home directory creation (one fact)."""
+    if host.get_fact(PathState, path=f"user:{user}") != "-":
+        return
+    u_ = shlex.quote(user)
+    yield (f"getent group {u_} >/dev/null || groupadd --system {u_}; "
+           f"useradd --system --gid {u_} --home-dir {shlex.quote(home)} --no-create-home "
+           f"--shell /usr/sbin/nologin {u_}")
+
+
 def ensure_m3_user():
-    server.group(name=f"Ensure group {M3_USER}", group=M3_USER, system=True)
-    server.user(name=f"Ensure system user {M3_USER}", user=M3_USER, group=M3_USER, system=True,
-                home=M3_HOME, shell="/usr/sbin/nologin", create_home=False, ensure_home=False)
-    files.directory(name=f"Ensure {M3_HOME}", path=M3_HOME, user="root", group="root", mode="0755")
+    ensure_system_user(name=f"Ensure system user {M3_USER}", user=M3_USER, home=M3_HOME)
+    ensure_dir(name=f"Ensure {M3_HOME}", path=M3_HOME, user="root", group="root", mode="0755")
 
 
 def ensure_workdir(s: Service, user: str):
     if s.workdir:
-        files.directory(name=f"Ensure {s.workdir}", path=s.workdir, user=user, group=user, mode="0750")
-
-
-def put_text(name: str, text: str, dest: str, mode: str, user="root", group="root"):
-    return files.put(name=name, src=StringIO(text), dest=dest, user=user, group=group, mode=mode)
+        ensure_dir(name=f"Ensure {s.workdir}", path=s.workdir, user=user, group=user, mode="0750")
 
 
 def install_service(cp: ClusterPlan, s: Service, template: str, user: str, **extra):
     """Ship the env file (0600 root) and the unit; return the ops whose change means restart."""
-    env_op = put_text(f"Render {s.env_file}", service_env(s, secrets_for(cp)), s.env_file, "0600")
+    env_op = put_text(name=f"Render {s.env_file}", text=service_env(s, secrets_for(cp)), dest=s.env_file, mode="0600")
     unit_text = render(template, cluster=cp.name, service=s, user=user,
                        timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), **extra)
-    unit_op = put_text(f"Render {unit_path(s)}", unit_text, unit_path(s), "0644")
+    unit_op = put_text(name=f"Render {unit_path(s)}", text=unit_text, dest=unit_path(s), mode="0644")
     return unit_op, env_op
 
 

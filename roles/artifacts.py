@@ -11,6 +11,7 @@ After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt
 stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
 python3-venv package (`venv --without-pip`, pip bootstrapped from its own wheel).
 """
+import functools
 import shlex
 
 from pyinfra import host
@@ -32,6 +33,12 @@ def _remote_manifest_digest(d: str) -> str:
                                            f"else echo none; fi") or "").strip()
 
 
+@functools.lru_cache(maxsize=None)
+def _wheelhouse(version: str):
+    """Built or verified once per run on the controller, not once per host."""
+    return artifacts.ensure_wheelhouse(version)
+
+
 @deploy("Ship Dynamo artifacts")
 def deploy_artifacts():
     cp, hp = u.plans()
@@ -42,7 +49,7 @@ def deploy_artifacts():
     if not cp.dynamo_version or not cp.venv:
         raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
                       "dynamo_version/venv (set m3_dynamo_version)")
-    local = artifacts.ensure_wheelhouse(cp.dynamo_version)
+    local = _wheelhouse(cp.dynamo_version)
     digest = artifacts.manifest_digest(local)
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"

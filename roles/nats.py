@@ -48,7 +48,7 @@ def deploy_nats():
         text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                       monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream", auth=auth,
                       max_payload=int(dict(cp.settings).get("m3_nats_max_payload", DEFAULT_MAX_PAYLOAD)))
-        conf_op = u.put_text(f"Render {conf}", text, conf, "0644")
+        conf_op = u.put_text(name=f"Render {conf}", text=text, dest=conf, mode="0644")
         unit_op, env_op = u.install_service(cp, s, "nats.service.j2", USER)
         started = u.start_or_restart(s, unit_op, [unit_op, env_op, conf_op])
         u.wait_ready(s, started)

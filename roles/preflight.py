@@ -11,6 +11,7 @@ needs_rdma). Data keys: m3_preflight_ignore (check names not to stop on, e.g. ["
 """
 from __future__ import annotations
 
+import gevent.pool
 from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
@@ -53,13 +54,21 @@ def preflight():
     if not any(h.name == host.name for h in targets):
         targets.append(host._get_module() if hasattr(host, "_get_module") else host)
     failures = {}
-    for h in targets:
+
+    def check(h):
         with ctx_host.use(h):
             hp = context.host_plan()
-            facts = gather_facts(h, hp.weights_dir or "/")
+            facts = gather_facts(h, hp.weights_dir or "/", gpu=hp.gpus > 0)
             bad = fatal_checks(hp, facts, set(h.data.get("m3_preflight_ignore") or ()))
         if bad:
             failures[h.name] = bad
+
+    # every host at once (pyinfra's connections are gevent-based): one slow host does not add up
+    pool = gevent.pool.Pool(size=max(1, int(getattr(state.config, "PARALLEL", 0) or 0) or len(targets)))
+    for job in [pool.spawn(check, h) for h in targets]:
+        job.join()
+        if job.exception is not None:
+            raise job.exception
     if failures:
         lines = [f"preflight failed on {len(failures)} host(s): {', '.join(sorted(failures))}"]
         for name, checks in sorted(failures.items()):

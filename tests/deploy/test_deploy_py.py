@@ -340,7 +340,11 @@ def check_worker_units(run, cluster, config: Path):
             env_op = op(ops, f"Render {s.env_file}")
             unit_op = op(ops, f"Render /etc/systemd/system/{s.unit}")
             assert f"UPLOAD {s.env_file}" in env_op.commands
-            assert f"chmod 600 {s.env_file}" in env_op.commands, env_op.commands
+            # created 0600 root *before* its content (secrets) is sent, and kept 0600
+            cmds = env_op.commands
+            up = cmds.index(f"UPLOAD {s.env_file}")
+            assert any(f"chmod 0600 {s.env_file}" in c and "touch" in c for c in cmds[:up]), cmds
+            assert f"chmod 0600 {s.env_file}" in cmds[-1], cmds
             env_lines = env_op.uploads[s.env_file].splitlines()
             dialect = "docker" if s.image else "systemd"
             for k, v in s.env:
