@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from m3deploy.errors import M3Error
@@ -36,20 +37,46 @@ COMPLETE = ".complete"  # written last; its presence + a verified manifest = whe
 # Requirements that cannot be installed (placeholder packages) and that frontend/mocker never import.
 SKIP_REQUIREMENTS = {"aisimulate"}
 
-# The hosts' interpreter: Debian bookworm's python3.11 (glibc 2.36).
-TARGET_PYTHON = "3.11"
-TARGET_ABI = "cp311"
-TARGET_PLATFORMS = ("manylinux2014_x86_64",) + tuple(
-    f"manylinux_2_{minor}_x86_64" for minor in range(36, 16, -1))
-# Environment used to evaluate requirement markers for the target.
-TARGET_MARKER_ENV = {
-    "python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
-    "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
-    "platform_machine": "x86_64", "os_name": "posix", "extra": "",
-}
-# pip evaluates markers with the controller's interpreter; the hosts' may be older (bookworm: 3.11.2,
-# where redis needs async-timeout for python_full_version < "3.11.3"). Close over these too.
-TARGET_FULL_VERSIONS = ("3.11.0", "3.11.2", "3.11.9")
+@dataclass(frozen=True)
+class Target:
+    """The interpreter the wheels are for: the hosts' (Debian bookworm python3.11, x86_64) by default, or an
+    engine container's (vLLM images: python3.12; GB200 trays: aarch64) for the Dynamo worker images."""
+
+    python: str = "3.11"
+    arch: str = "x86_64"
+    # pip evaluates markers with the controller's interpreter; the target's patch level may differ
+    # (bookworm: 3.11.2, where redis needs async-timeout for python_full_version < "3.11.3").
+    full_versions: tuple[str, ...] = ("3.11.0", "3.11.2", "3.11.9")
+
+    @property
+    def abi(self) -> str:
+        return "cp" + self.python.replace(".", "")
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        return (f"manylinux2014_{self.arch}",) + tuple(f"manylinux_2_{m}_{self.arch}" for m in range(36, 16, -1))
+
+    @property
+    def marker_env(self) -> dict[str, str]:
+        return {"python_version": self.python, "python_full_version": self.full_versions[1],
+                "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                "sys_platform": "linux", "platform_system": "Linux", "platform_machine": self.arch,
+                "os_name": "posix", "extra": ""}
+
+    @property
+    def suffix(self) -> str:
+        return "" if self == HOSTS else f"-{self.abi}-{self.arch}"
+
+    @classmethod
+    def container(cls, python: str, arch: str) -> "Target":
+        return cls(python=python, arch=arch, full_versions=(f"{python}.0", f"{python}.3", f"{python}.9"))
+
+
+HOSTS = Target()
+# Kept for readers of the module: the hosts' target.
+TARGET_PYTHON, TARGET_ABI, TARGET_PLATFORMS = HOSTS.python, HOSTS.abi, HOSTS.platforms
+TARGET_MARKER_ENV = HOSTS.marker_env
+TARGET_FULL_VERSIONS = HOSTS.full_versions
 # Build tools shipped too, so hosts can bootstrap pip into a venv made with --without-pip.
 BOOTSTRAP = ("pip",)
 
@@ -60,8 +87,8 @@ def cache_root() -> Path:
     return Path(base)
 
 
-def wheelhouse_dir(version: str) -> Path:
-    return cache_root() / "wheelhouse" / f"dynamo-{version}"
+def wheelhouse_dir(version: str, target: Target = HOSTS) -> Path:
+    return cache_root() / "wheelhouse" / f"dynamo-{version}{target.suffix}"
 
 
 def venv_path(version: str) -> str:
@@ -175,14 +202,14 @@ def _norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _missing_for_target(directory: Path) -> list[str]:
+def _missing_for_target(directory: Path, target: Target = HOSTS) -> list[str]:
     """Requirements of the downloaded wheels (markers evaluated for every TARGET_FULL_VERSIONS)
     that no wheel in directory provides."""
     try:
         from packaging.requirements import Requirement
     except ImportError:  # pragma: no cover
         from pip._vendor.packaging.requirements import Requirement
-    envs = [dict(TARGET_MARKER_ENV, python_full_version=v) for v in TARGET_FULL_VERSIONS]
+    envs = [dict(target.marker_env, python_full_version=v) for v in target.full_versions]
     have = {_norm(p.name.split("-")[0]) for p in directory.glob("*.whl")}
     missing = []
     for whl in sorted(directory.glob("*.whl")):
@@ -194,11 +221,11 @@ def _missing_for_target(directory: Path) -> list[str]:
     return missing
 
 
-def _pip_download(dest: Path, args: list[str], log) -> None:
+def _pip_download(dest: Path, args: list[str], log, target: Target = HOSTS) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir",
            "--dest", str(dest), "--only-binary=:all:", "--implementation", "cp",
-           "--python-version", TARGET_PYTHON, "--abi", TARGET_ABI, "--abi", "abi3", "--abi", "none"]
-    for p in TARGET_PLATFORMS:
+           "--python-version", target.python, "--abi", target.abi, "--abi", "abi3", "--abi", "none"]
+    for p in target.platforms:
         cmd += ["--platform", p]
     cmd += args
     log("$ " + shlex.join(cmd))
@@ -209,29 +236,29 @@ def _pip_download(dest: Path, args: list[str], log) -> None:
                       "then run it again.")
 
 
-def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True) -> Path:
+def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, target: Target = HOSTS) -> Path:
     """Build (once) and return the wheelhouse for ai-dynamo==version.
 
     No-op when it exists, is complete and verifies against its manifest. A partial or corrupt
     wheelhouse is rebuilt from scratch in a temporary directory and swapped in.
     """
     log = log or (lambda m: None)
-    final = wheelhouse_dir(version)
+    final = wheelhouse_dir(version, target)
     if (final / COMPLETE).is_file() and not verify_wheelhouse(final, deep=deep_verify):
         log(f"wheelhouse {final} complete and verified")
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".dynamo-{version}-", dir=final.parent))
     try:
-        _pip_download(work, ["--no-deps", f"ai-dynamo=={version}"], log)
+        _pip_download(work, ["--no-deps", f"ai-dynamo=={version}"], log, target)
         top = next(work.glob("ai_dynamo-*.whl"))
-        reqs = _wheel_requirements(top)
-        _pip_download(work, [*reqs, *BOOTSTRAP], log)
+        reqs = _wheel_requirements(top, [target.marker_env])
+        _pip_download(work, [*reqs, *BOOTSTRAP], log, target)
         for _ in range(5):
-            extra = _missing_for_target(work)
+            extra = _missing_for_target(work, target)
             if not extra:
                 break
-            _pip_download(work, extra, log)
+            _pip_download(work, extra, log, target)
         else:
             raise M3Error(f"wheelhouse still misses {extra} after 5 passes")
         (work / REQS_FILE).write_text("".join(f"{r}\n" for r in reqs))

@@ -2,7 +2,13 @@
 `name@sha256:...`), or, air-gapped, upload a `docker save` archive from the controller and
 `docker load` it. Skips images already in the host's store.
 
-Reads host_plan().services[].image. Data keys:
+Under Dynamo a GPU worker runs `python3 -m dynamo.<engine>` inside the engine's image: the plan names that
+image `m3deploy/dynamo-<engine>:<version>-<hash of the base>` and its `base_image`. This role gets the base
+image as above, ships the controller's ai-dynamo wheelhouse built for the container's Python and CPU
+(m3deploy.artifacts.Target: `m3_container_python`, default 3.12; the platform's arch) and builds the image
+on the host with `docker build --network none` — offline, as the GB200 lane's `pip install ai-dynamo`.
+
+Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version. Data keys:
 - m3_image_archive_dir: a controller directory holding `<image as file name>.tar` (made with
   `docker save IMAGE -o DIR/<name>.tar`; see `image_archive_name()`); when set, hosts never pull.
 """
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
@@ -27,23 +34,70 @@ def image_archive_name(image: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", image) + ".tar"
 
 
+DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
+FROM {base}
+COPY . /tmp/m3-wheels/
+RUN python3 -m pip install --no-index --find-links /tmp/m3-wheels -r /tmp/m3-wheels/REQUIREMENTS \\
+ && python3 -m pip install --no-index --no-deps --find-links /tmp/m3-wheels ai-dynamo=={version} \\
+ && python3 -c "import dynamo.{engine}" && rm -rf /tmp/m3-wheels
+LABEL io.m3deploy.base-image="{base}" io.m3deploy.dynamo-version="{version}"
+"""
+
+
+def _get(image: str, archive_dir):
+    """Pull `image`, or load it from the controller's `docker save` archive (air-gapped)."""
+    if not archive_dir:
+        server.shell(name=f"Pull {image}", commands=[f"docker pull {shlex.quote(image)}"])
+        return
+    tar = Path(archive_dir).expanduser() / image_archive_name(image)
+    if not tar.is_file():
+        raise M3Error(f"host {host.name}: image {image}: {tar} is missing on the controller "
+                      f"(m3_image_archive_dir). Fix: docker pull {image} && docker save {image} -o {tar}")
+    remote = f"{REMOTE_DIR}/{tar.name}"
+    files.put(name=f"Upload {tar.name}", src=str(tar), dest=remote, mode="600", create_remote_dir=True)
+    server.shell(name=f"Load {image}", commands=[f"docker load -i {shlex.quote(remote)}",
+                                                 f"rm -f {shlex.quote(remote)}"])
+
+
+def _build(svc, version: str, archive_dir):
+    """Build the plan's Dynamo worker image FROM its base image, offline, with the shipped wheels."""
+    from m3deploy import artifacts, recipes
+
+    if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
+        _get(svc.base_image, archive_dir)
+    platform = recipes.catalog()["platforms"].get(context_platform(), {})
+    target = artifacts.Target.container(str(host.data.get("m3_container_python") or "3.12"),
+                                        platform.get("arch", "x86_64"))
+    local = artifacts.ensure_wheelhouse(version, target=target)
+    remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
+    files.directory(name=f"Ensure {remote}", path=remote, mode="0700")
+    for name in [*sorted(artifacts.read_manifest(local)), artifacts.REQS_FILE]:
+        files.put(name=f"Ship {name} for {svc.image}", src=str(local / name), dest=f"{remote}/{name}", mode="0644")
+    engine = svc.argv[2].split(".", 1)[1] if len(svc.argv) > 2 and svc.argv[2].startswith("dynamo.") else "vllm"
+    files.put(name=f"Render {remote}/Dockerfile", dest=f"{remote}/Dockerfile", mode="0644",
+              src=StringIO(DOCKERFILE.format(base=svc.base_image, version=version, engine=engine)))
+    server.shell(name=f"Build {svc.image} (offline, FROM {svc.base_image})", commands=[
+        f"docker build --network none -t {shlex.quote(svc.image)} {shlex.quote(remote)}",
+        f"rm -rf {shlex.quote(remote)}"])
+
+
+def context_platform() -> str:
+    from m3deploy import context
+
+    return context.host_plan().platform
+
+
 @deploy("Container images")
 def deploy_images():
     from m3deploy import context
 
     hp = context.host_plan()
     archive_dir = host.data.get("m3_image_archive_dir")
+    built = {s.image: s for s in hp.services if s.image and s.base_image}
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         if host.get_fact(F.DockerImage, image=image)["present"]:
             continue
-        if not archive_dir:
-            server.shell(name=f"Pull {image}", commands=[f"docker pull {shlex.quote(image)}"])
+        if image in built:
+            _build(built[image], context.cluster_plan().dynamo_version, archive_dir)
             continue
-        tar = Path(archive_dir).expanduser() / image_archive_name(image)
-        if not tar.is_file():
-            raise M3Error(f"host {host.name}: image {image}: {tar} is missing on the controller "
-                          f"(m3_image_archive_dir). Fix: docker pull {image} && docker save {image} -o {tar}")
-        remote = f"{REMOTE_DIR}/{tar.name}"
-        files.put(name=f"Upload {tar.name}", src=str(tar), dest=remote, mode="600", create_remote_dir=True)
-        server.shell(name=f"Load {image}", commands=[f"docker load -i {shlex.quote(remote)}",
-                                                     f"rm -f {shlex.quote(remote)}"])
+        _get(image, archive_dir)

@@ -64,9 +64,17 @@ def controller(tmp_path, monkeypatch, deploy_file):
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
     monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    import roles.artifacts
+    from m3deploy import mockmodel
+
     _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
-    for version in ("1.6.1",):
-        wh = artifacts.wheelhouse_dir(version)
+    roles.artifacts._wheelhouse.cache_clear()  # per-run caches, keyed without the cache root
+    mockmodel.ensure_model_dir.cache_clear()
+    # the hosts' wheelhouse, and the engine containers' (python3.12 on x86_64 and on GB200's aarch64)
+    targets = (artifacts.HOSTS, artifacts.Target.container("3.12", "x86_64"),
+               artifacts.Target.container("3.12", "aarch64"))
+    for version, target in [("1.6.1", t) for t in targets]:
+        wh = artifacts.wheelhouse_dir(version, target)
         wh.mkdir(parents=True)
         (wh / "pip-25.0-py3-none-any.whl").write_bytes(b"not really a wheel")
         (wh / artifacts.REQS_FILE).write_text("ai-dynamo-runtime==1.6.1\n")
@@ -426,9 +434,13 @@ def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
                 "nvidia-ctk runtime configure --runtime=docker"]
         else:
             assert any(n.startswith("Install ROCm 7.2") for n in names), names
-        images = {s.image for s in hp.services if s.image}
-        pulls = [c for o in ops if role(o.name) == "Container images" for c in o.commands]
-        assert pulls == [f"docker pull {shlex.quote(i)}" for i in images]
+        # each image is pulled, or (Dynamo workers) its base image is pulled and the image built on the host
+        pulled = {s.base_image or s.image for s in hp.services if s.image}
+        cmds = [c for o in ops if role(o.name) == "Container images" for c in o.commands]
+        assert [c for c in cmds if c.startswith("docker pull")] == [f"docker pull {shlex.quote(i)}" for i in pulled]
+        for svc in hp.services:
+            if svc.base_image:
+                assert any(c.startswith(f"docker build --network none -t {svc.image} ") for c in cmds)
         assert any(c.endswith(f"download {cluster.plan.model_id}") for o in ops for c in o.commands)
     check_worker_units(run, cluster, controller)
     assert_no_secret_leak(run, controller)
@@ -595,16 +607,24 @@ def test_nats_port_names_match_the_plan(controller):
     assert cluster.run().error is None
 
 
-@pytest.mark.xfail(strict=True, reason="gb200 workers' image is to be BUILT on the host FROM base_image + "
-                   "Dynamo wheels (model.Service.base_image), but no role builds it: roles/images.py "
-                   "would `docker pull` the local-only tag")
 def test_gb200_worker_image_is_built_not_pulled(cluster_run):
+    """Under Dynamo the worker image is built on the tray, offline, FROM the pinned engine image plus the
+    ai-dynamo wheels for the container (python3.12, aarch64 on GB200)."""
     cluster, run = cluster_run("gb200", state="fresh")
     t1 = cluster.hosts[1].name
     (s,) = worker_services(cluster, t1)
-    assert s.base_image
-    cmds = [c for o in run.for_host(t1) for c in o.commands]
+    assert s.base_image and s.image.startswith("m3deploy/dynamo-vllm:1.6.1-")
+    ops = run.for_host(t1)
+    cmds = [c for o in ops for c in o.commands]
     assert f"docker pull {s.image}" not in cmds
+    assert f"docker pull {s.base_image}" in cmds
+    build = next(o for o in ops if o.name.endswith(f"Build {s.image} (offline, FROM {s.base_image})"))
+    assert any(c.startswith(f"docker build --network none -t {s.image} ") for c in build.commands)
+    dockerfile = next(text for o in ops for dest, text in o.uploads.items() if dest.endswith("/Dockerfile"))
+    assert f"FROM {s.base_image}" in dockerfile and "--no-index" in dockerfile
+    assert "ai-dynamo==1.6.1" in dockerfile and "import dynamo.vllm" in dockerfile
+    names = [o.name for o in ops]
+    assert names.index(build.name) < next(i for i, n in enumerate(names) if "m3-worker@0.service" in n)
 
 
 def test_nats_requires_the_credentials_clients_get(cluster_run):
