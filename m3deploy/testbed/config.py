@@ -388,9 +388,10 @@ def err_subnet_taken(subnet: str, hits: list[str], name: str) -> M3Error:
     )
 
 
-def err_locked(holder: str) -> M3Error:
+def err_locked(holder: str, waited_s: float = 0) -> M3Error:
     return M3Error(
-        f"another testbed command holds the lock {LOCK_PATH} ({holder or 'unknown holder'}). "
+        f"another testbed command holds the lock {LOCK_PATH} ({holder or 'unknown holder'})"
+        + (f" after waiting {waited_s:.0f} s" if waited_s else "") + ". "
         "Fix: wait for it to finish and run again; if no such command is running, the lock is "
         "released automatically when its process ends"
     )

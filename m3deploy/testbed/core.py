@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -150,18 +151,30 @@ def _cgroup_pids(name: str) -> set[int]:
 # ------------------------------------------------------------------ lock
 
 @contextlib.contextmanager
-def locked(what: str):
-    """Global flock: one testbed command at a time changes the machine (bridges, sysctls, image)."""
+def locked(what: str, timeout_s: float | None = None):
+    """Global flock: one testbed command at a time changes the machine (bridges, sysctls, image).
+    A second command waits for it (like apt's lock), up to $M3_TESTBED_LOCK_TIMEOUT seconds (default 120)."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("M3_TESTBED_LOCK_TIMEOUT", "120"))
     os.makedirs(os.path.dirname(C.LOCK_PATH), exist_ok=True)
     fd = os.open(C.LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
-            raise C.err_locked(holder) from None
+        deadline = time.monotonic() + timeout_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
+                if time.monotonic() >= deadline:
+                    raise C.err_locked(holder, timeout_s) from None
+                if not told:
+                    sys.stderr.write(f"waiting for the testbed lock ({holder or 'held'}) ...\n")
+                    told = True
+                time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {what}\n".encode(), 0)
         try:
