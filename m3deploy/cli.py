@@ -52,7 +52,7 @@ class LazyGroup(click.Group):
     costs ~0.3 s; `m3deploy plan` must stay fast)."""
 
     lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.preflight:preflight",
-            "verify": "m3deploy.verify:verify"}
+            "verify": "m3deploy.verify:verify", "save-images": "m3deploy.images:save_images"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

@@ -9,8 +9,8 @@ image as above, ships the controller's ai-dynamo wheelhouse built for the contai
 on the host with `docker build --network none` — offline, as the GB200 lane's `pip install ai-dynamo`.
 
 Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version. Data keys:
-- m3_image_archive_dir: a controller directory holding `<image as file name>.tar` (made with
-  `docker save IMAGE -o DIR/<name>.tar`; see `image_archive_name()`); when set, hosts never pull.
+- m3_image_archive_dir: a controller directory holding `<image as file name>.tar` (made by
+  `m3deploy save-images INVENTORY DIR`); when set, hosts never pull.
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ from m3deploy.errors import M3Error
 REMOTE_DIR = "/var/lib/m3/images"
 
 
-def image_archive_name(image: str) -> str:
-    """"nvcr.io/nvidia/vllm:26.01@sha256:ab.." -> "nvcr.io_nvidia_vllm_26.01_sha256_ab...tar"."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", image) + ".tar"
+from m3deploy.images import image_archive_name  # noqa: E402  (one naming rule for save and load)
 
 
 DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
@@ -52,7 +50,7 @@ def _get(image: str, archive_dir):
     tar = Path(archive_dir).expanduser() / image_archive_name(image)
     if not tar.is_file():
         raise M3Error(f"host {host.name}: image {image}: {tar} is missing on the controller "
-                      f"(m3_image_archive_dir). Fix: docker pull {image} && docker save {image} -o {tar}")
+                      f"(m3_image_archive_dir). Fix: m3deploy save-images INVENTORY {archive_dir}")
     remote = f"{REMOTE_DIR}/{tar.name}"
     files.put(name=f"Upload {tar.name}", src=str(tar), dest=remote, mode="600", create_remote_dir=True)
     server.shell(name=f"Load {image}", commands=[f"docker load -i {shlex.quote(remote)}",

@@ -258,7 +258,7 @@ def test_images_air_gapped_upload_and_load(fake, tmp_path):
 def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
     from m3deploy.errors import M3Error
 
-    with pytest.raises(M3Error, match="docker save"):
+    with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
         fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hplan(),
              host_data={"m3_image_archive_dir": str(tmp_path)})
 
