@@ -14,16 +14,14 @@ before the workers and before the serving check: nothing after it starts until e
 Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 (`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
 """
-import sys
-
 from m3deploy.context import cluster_plan, host_plan
-from m3deploy.errors import ValidationError
+from m3deploy.errors import InvalidPlan, ValidationError
 
 try:
     plan = cluster_plan()
 except ValidationError as e:
-    sys.stderr.write(f"m3deploy: invalid cluster plan, nothing was changed:\n{e}\n")
-    raise SystemExit(2)
+    # pyinfra prints it once (not once per host), without a traceback, and exits 2 before any operation
+    raise InvalidPlan(f"invalid cluster plan, nothing was changed:\n{e}") from None
 
 from roles.artifacts import deploy_artifacts  # noqa: E402
 from roles.drivers import deploy_drivers  # noqa: E402

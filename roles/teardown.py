@@ -4,10 +4,12 @@ Reads (through m3deploy.context): cluster_plan() (venv, model_dir, dynamo_versio
 m3_keep_caches); host_plan().services (units, env files, workdirs, containers), .weights_dir.
 Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
 workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
-etcd-server/nats-server packages. Caches (wheelhouse, venv, mock model, weights_dir) are removed
-too unless m3_keep_caches is true. The system user m3 is removed. Idempotent.
+etcd-server/nats-server packages (purged). Caches (wheelhouse, venv, mock model, weights_dir) and the
+directories holding them (/var/lib/m3, /opt/m3) are removed too unless m3_keep_caches is true; with it, only
+they stay. The system user m3 is removed. Idempotent.
 """
 import shlex
+from pathlib import PurePosixPath
 
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
@@ -55,7 +57,7 @@ def teardown():
     systemd.daemon_reload(name="Reload systemd")
     pkgs = [p for k, p in (("etcd", "etcd-server"), ("nats", "nats-server")) if k in kinds]
     if pkgs:
-        apt.packages(name=f"Remove {', '.join(pkgs)}", packages=pkgs, present=False)
+        apt.packages(name=f"Remove {', '.join(pkgs)}", packages=pkgs, present=False, extra_uninstall_args="--purge")
     files.directory(name="Remove /etc/m3", path="/etc/m3", present=False)
     if not keep:
         paths = []
@@ -65,8 +67,11 @@ def teardown():
                 paths.append(cp.model_dir)
         if hp.weights_dir:
             paths.append(hp.weights_dir)
-        for p in filter(None, paths):
+        if cp.venv:  # the roots artifacts.py created: every wheelhouse and venv m3deploy put there
+            paths += [WHEELHOUSE_ROOT, str(PurePosixPath(cp.venv).parent)]
+        for p in dict.fromkeys(filter(None, paths)):
             files.directory(name=f"Remove {p}", path=_safe(p), present=False)
     if any(not s.image and s.kind in ("frontend", "worker") for s in svcs):
         server.user(name=f"Remove system user {u.M3_USER}", user=u.M3_USER, present=False)
-        files.directory(name=f"Remove {u.M3_HOME}", path=u.M3_HOME, present=False)
+        if not keep:  # with m3_keep_caches the mock model and weights below it stay
+            files.directory(name=f"Remove {u.M3_HOME}", path=u.M3_HOME, present=False)

@@ -528,12 +528,14 @@ def test_invalid_plan_exits_2_before_any_op(inv, override, problem, capsys):
     cluster.hosts = planmod.load_inventory(ROOT / "inventories" / f"{inv}.py")
     cluster.groups = {"control": [], "workers": [h.name for h in cluster.hosts], inv: [h.name for h in cluster.hosts]}
     hosts = {h.name: {"data": dict(h.data), "facts": {}} for h in cluster.hosts}
-    run = _runner["run"](hosts, cluster.groups, override_data=override, raises=(SystemExit,))
-    assert isinstance(run.error, SystemExit) and run.error.code == 2
+    from m3deploy.errors import InvalidPlan
+
+    run = _runner["run"](hosts, cluster.groups, override_data=override, raises=(InvalidPlan,))
+    assert isinstance(run.error, InvalidPlan) and run.error.exit_code == 2
     assert run.state.get_op_order() == []
     assert all(ops == [] for ops in run.ops_by_host.values())
-    err = capsys.readouterr().err
-    assert "m3deploy: invalid cluster plan, nothing was changed:" in err
+    err = str(run.error.message)  # what pyinfra's CLI prints once (InvalidPlan.show)
+    assert err.startswith("invalid cluster plan, nothing was changed:")
     assert problem in err, err
 
 
