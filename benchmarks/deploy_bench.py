@@ -38,12 +38,12 @@ def sh(*argv, check=True, data=()):
     if check and r.returncode != 0:
         sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
         raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}")
-    return took, r.stdout
+    return took, r.stdout + r.stderr  # pyinfra writes its results table to stderr
 
 
 def deploy(*data):
     took, out = sh("pyinfra", "-y", "inventories/testbed.py", "deploy.py", data=data)
-    m = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    m = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", re.sub(r"\x1b\[[0-9;]*m", "", out))
     ops, changed = (int(m.group(1)), 0 if m.group(2) == "-" else int(m.group(2))) if m else (0, -1)
     return took, ops, changed
 

@@ -97,6 +97,66 @@ def put_text(text: str, dest: str, mode: str = "0644", user: str = "root", group
     yield f"chown {user}:{group} {q} && chmod {mode} {q}"
 
 
+class DirDigest(FactBase):
+    """sha256 over `<name> <sha256>` lines of the named files in a directory ("-" if any is missing)."""
+
+    @staticmethod
+    def default():
+        return "-"
+
+    def command(self, path, names):
+        q = shlex.quote(path)
+        return (f"cd {q} 2>/dev/null && sha256sum -- {' '.join(shlex.quote(n) for n in names)} 2>/dev/null "
+                "| sha256sum | cut -d' ' -f1 || echo -")
+
+    def process(self, output):
+        return (output[0].strip() if output else "") or "-"
+
+
+def dir_digest(files: dict[str, bytes]) -> str:
+    """What DirDigest reports for a directory holding exactly these files' contents."""
+    lines = "".join(f"{hashlib.sha256(files[n]).hexdigest()}  {n}\n" for n in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@operation()
+def put_dir(src: str, dest: str, names: tuple[str, ...], mode: str = "0644"):
+    """Ship the named files of a controller directory, checked with one fact (a digest over all of them)."""
+    contents = {n: (Path(src) / n).read_bytes() for n in names}
+    if host.get_fact(DirDigest, path=dest, names=tuple(names)) == dir_digest(contents):
+        return
+    yield f"mkdir -p {shlex.quote(dest)} && chmod 0755 {shlex.quote(dest)}"
+    for n in names:
+        yield FileUploadCommand(str(Path(src) / n), f"{dest}/{n}")
+        yield f"chmod {mode} {shlex.quote(f'{dest}/{n}')}"
+
+
+class UnitState(FactBase):
+    """`<active> <enabled>` of a systemd unit, in one command."""
+
+    @staticmethod
+    def default():
+        return "unknown unknown"
+
+    def command(self, unit):
+        u_ = shlex.quote(unit)
+        return f"echo $(systemctl is-active {u_} 2>/dev/null; systemctl is-enabled {u_} 2>/dev/null) | cut -c1-80"
+
+    def process(self, output):
+        return (output[0].strip() if output else "") or "unknown unknown"
+
+
+@operation()
+def ensure_started(unit: str):
+    """The unit active and enabled (one fact; pyinfra's systemd.service needs two)."""
+    state_ = host.get_fact(UnitState, unit=unit).split()
+    active, enabled = (state_ + ["", ""])[:2]
+    if enabled != "enabled":
+        yield f"systemctl enable {shlex.quote(unit)}"
+    if active != "active":
+        yield f"systemctl start {shlex.quote(unit)}"
+
+
 @operation()
 def ensure_dir(path: str, mode: str = "0755", user: str = "root", group: str = "root"):
     """A directory with this mode and owner (one fact)."""
@@ -155,8 +215,7 @@ def start_or_restart(s: Service, unit_op, changed_ops):
     changed = any_changed(*changed_ops)
     restart = systemd.service(name=f"Restart {s.unit} (its files changed)", service=s.unit, running=True,
                               restarted=True, enabled=True, _if=changed)
-    start = systemd.service(name=f"Start {s.unit}", service=s.unit, running=True, enabled=True,
-                            _if=lambda: not changed())
+    start = ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed())
     if not hasattr(state, "_m3_service_ops"):
         state._m3_service_ops = []
     state._m3_service_ops += [restart, start]

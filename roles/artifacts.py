@@ -88,8 +88,5 @@ def deploy_artifacts():
         if not cp.model_dir:
             raise M3Error("engine mocker needs the plan's model_dir (m3_model_dir)")
         model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)
-        files.directory(name=f"Ensure {cp.model_dir}", path=cp.model_dir, user="root", group="root",
-                        mode="0755")
-        for name in mockmodel.FILES:
-            files.put(name=f"Ship mock model {cp.model_dir}/{name}", src=str(model / name),
-                      dest=f"{cp.model_dir}/{name}", user="root", group="root", mode="0644")
+        u.put_dir(name=f"Ship the mock model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
+                  names=tuple(mockmodel.FILES))
