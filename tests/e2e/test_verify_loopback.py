@@ -41,7 +41,7 @@ def loopback_plan(root: str, workers=(W1, W2), control=CONTROL) -> ClusterPlan:
         {"control": [("lb-control", {"m3_address": control})],
          "workers": [(f"lb-worker-{i}", {"m3_address": a}) for i, a in enumerate(workers, 1)]},
         all_data={"m3_platform": "sim", "m3_engine": "mocker", "m3_serving": "dynamo", "m3_parallel": "tp1",
-                  "m3_venv_root": f"{root}/venvs", "m3_state_dir": f"{root}/state", "m3_nats_auth": False,
+                  "m3_venv_root": f"{root}/venvs", "m3_state_dir": f"{root}/state", "m3_auth": False,
                   "m3_dynamo_version": DYNAMO_VERSION})
     return planmod.build(hosts, name="loopback")
 
@@ -93,8 +93,8 @@ class LoopbackStack:
         from m3deploy.render import render
 
         ports = {p.name: p for p in s.ports}
-        text = render("nats.conf.j2", cluster=self.plan.name, service=s, client=ports["nats-client"],
-                      monitor=ports["nats-monitor"], store_dir=f"{self.root}/state/nats/jetstream", auth=False,
+        text = render("nats.conf.j2", cluster=self.plan.name, service=s, client=ports["client"],
+                      monitor=ports["monitor"], store_dir=f"{self.root}/state/nats/jetstream", auth=False,
                       max_payload=33554432)
         path = f"{self.root}/nats.conf"
         Path(path).write_text(text)
