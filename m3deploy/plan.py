@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import recipes
-from .errors import M3Error, ValidationError
+from .errors import ValidationError
 from .model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
 
 # Defaults for every optional data key (documented in README "Inventory contract").
@@ -240,7 +240,6 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
                                            gpus_per_rank=len(devices), services=tuple(svc_names)))
             widx += 1
 
-    worker_names = tuple(n for w in worker_plans for n in w.services)
     if serving == "dynamo":
         for c in control:
             services[c.name].append(_frontend_service(c, addr[c.name], s, served, etcd_url, nats_url, venv,
@@ -258,7 +257,6 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
             hname, sname = first.split("/")
             port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
             endpoint = f"http://{addr[hname]}:{port}/v1"
-    del worker_names
 
     host_plans = []
     for h in hosts:
@@ -361,7 +359,6 @@ def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats:
 
 def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, rank0_host, devices, s, mode, size,
                     ep, features, model_id, served, etcd, nats, venv, model_dir, home, facts) -> Service:
-    cat = recipes.catalog()
     platform = str(_get(host, "m3_platform"))
     info = _platform_info(platform)
     engine, serving = s["m3_engine"], s["m3_serving"]
@@ -498,12 +495,7 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
         secret_env=DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else (),
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
-        after=((f"{rank0_host}/m3-worker@{_slot_hint(rank0_host, host.name, slot)}",) if rank > 0 else ()),
+        after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
         env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" else "",
         worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
         provenance=r.provenance_records())
-
-
-def _slot_hint(rank0_host: str, host: str, slot: int) -> int:
-    # Multi-host workers take whole hosts, so rank 0 sits in the same slot on its host.
-    return slot

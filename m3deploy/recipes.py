@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,11 +124,6 @@ def _matches(when: dict, ctx: dict) -> bool:
     return True
 
 
-class _Fmt(dict):
-    def __missing__(self, key):
-        raise KeyError(key)
-
-
 def _fill(value, ctx: dict, layer: Layer):
     if value is None:
         return None
@@ -135,8 +131,6 @@ def _fill(value, ctx: dict, layer: Layer):
     if "{" not in text:
         return text
     # Only `{name}` placeholders with a plain identifier are ours; JSON braces stay as they are.
-    import re
-
     def sub(m):
         key = m.group(1)
         if key not in ctx or ctx[key] is None:

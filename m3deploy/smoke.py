@@ -150,7 +150,7 @@ def _unknown_model(ctx: Context) -> str:
     name = f"no-such-model-{uuid.uuid4().hex[:8]}"
     try:
         ctx.openai().chat.completions.create(model=name, messages=_msgs("hi"), max_tokens=4)
-    except openai.NotFoundError as e:
+    except openai.NotFoundError:
         return f"HTTP 404 for model {name!r}"
     except openai.APIError as e:
         raise CheckFailed(f"model {name!r}: {_status(e)} (want 404)") from None

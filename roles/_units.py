@@ -12,7 +12,7 @@ from pathlib import Path
 from pyinfra import host, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy import readiness as _readiness

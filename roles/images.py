@@ -14,7 +14,6 @@ Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version.
 """
 from __future__ import annotations
 
-import re
 import shlex
 from io import StringIO
 from pathlib import Path

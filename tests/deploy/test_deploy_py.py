@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 import shlex
 from pathlib import Path
 
