@@ -158,11 +158,8 @@ def _unknown_model(ctx: Context) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ affinity
-def worker_map(ctx: Context) -> dict[str, str]:
-    """{worker_id hex: "host/service"} from each planned worker's system-port /metrics."""
-    if "worker_map" in ctx.cache:
-        return ctx.cache["worker_map"]
-    out = {}
+def _worker_metrics(ctx: Context):
+    """("host/service", generate-request counters by worker id) for every planned worker with a /metrics."""
     for h, s in instance_services(ctx.plan):
         url = metrics_url(h, s)
         if not url:
@@ -170,24 +167,19 @@ def worker_map(ctx: Context) -> dict[str, str]:
         status, body = ctx.http_get(url)
         if status != 200:
             raise CheckFailed(f"GET {url}: HTTP {status}")
-        for wid in generate_requests(body):
-            out[wid] = f"{h.name}/{s.name}"
-    ctx.cache["worker_map"] = out
-    return out
+        yield f"{h.name}/{s.name}", generate_requests(body)
+
+
+def worker_map(ctx: Context) -> dict[str, str]:
+    """{worker_id hex: "host/service"} from each planned worker's system-port /metrics."""
+    if "worker_map" not in ctx.cache:
+        ctx.cache["worker_map"] = {wid: key for key, counts in _worker_metrics(ctx) for wid in counts}
+    return ctx.cache["worker_map"]
 
 
 def request_counters(ctx: Context) -> dict[str, float]:
     """{"host/service": generate requests served so far} for every planned worker."""
-    out = {}
-    for h, s in instance_services(ctx.plan):
-        url = metrics_url(h, s)
-        if not url:
-            continue
-        status, body = ctx.http_get(url)
-        if status != 200:
-            raise CheckFailed(f"GET {url}: HTTP {status}")
-        out[f"{h.name}/{s.name}"] = sum(generate_requests(body).values())
-    return out
+    return {key: sum(counts.values()) for key, counts in _worker_metrics(ctx)}
 
 
 def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
