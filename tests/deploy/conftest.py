@@ -117,14 +117,41 @@ def _collect(state, inventory, by_fake: dict[str, str]) -> FakeRun:
     return run
 
 
+def _preparing_state(inventory):
+    """A pyinfra State on `inventory`, its @fake hosts connected, ready to add operations."""
+    from pyinfra.api import Config, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.state import StateStage
+
+    state = State(inventory, Config())
+    state.set_stage(StateStage.Connect)
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+    return state
+
+
+def _serve_facts(mp: pytest.MonkeyPatch, hosts: dict[str, dict], by_fake: dict[str, str]) -> None:
+    """Host.get_fact answers from hosts[name]["facts"] ({FactClass: value, or a callable of the fact's
+    arguments}); any other fact goes to the @fake connector (its default)."""
+    from pyinfra.api.host import Host
+
+    original = Host.get_fact
+
+    def get_fact(self, cls, *a, **kw):
+        table = hosts[by_fake[self.name]].get("facts") or {}
+        if cls in table:
+            value = table[cls]
+            return value(*a, **kw) if callable(value) else value
+        return original(self, cls, *a, **kw)
+
+    mp.setattr(Host, "get_fact", get_fact)
+
+
 def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | None = None,
              host_plan=None, cluster_plan=None, hosts: dict[str, dict] | None = None,
              monkeypatch: pytest.MonkeyPatch | None = None, args: tuple = (), kwargs: dict | None = None) -> FakeRun:
-    from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.connect import connect_all
+    from pyinfra.api import Inventory
     from pyinfra.api.deploy import add_deploy
-    from pyinfra.api.host import Host
-    from pyinfra.api.state import StateStage
 
     from m3deploy import context
 
@@ -135,21 +162,10 @@ def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | N
     inventory = Inventory(([(f"@fake/{n}", {"fake_delay": 0, "fake_delay_jitter": 0,
                                             **(hosts[n].get("host_data") or {})}) for n in names], {}))
     by_fake = {f"@fake/{n}": n for n in names}
-    state = State(inventory, Config())
-    state.set_stage(StateStage.Connect)
-    connect_all(state)
-    state.set_stage(StateStage.Prepare)
+    state = _preparing_state(inventory)
 
     mp = monkeypatch or pytest.MonkeyPatch()
-    original = Host.get_fact
-
-    def get_fact(self, cls, *a, **kw):
-        table = hosts[by_fake[self.name]].get("facts") or {}
-        if cls in table:
-            value = table[cls]
-            return value(*a, **kw) if callable(value) else value
-        return original(self, cls, *a, **kw)
-
+    _serve_facts(mp, hosts, by_fake)
     def _host_plan():
         from pyinfra import host as current
 
@@ -160,7 +176,6 @@ def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | N
             return host_plan
         return cluster_plan.host(n)
 
-    mp.setattr(Host, "get_fact", get_fact)
     mp.setattr(context, "host_plan", _host_plan)
     if cluster_plan is not None:
         mp.setattr(context, "cluster_plan", lambda: cluster_plan)
@@ -188,10 +203,7 @@ def run_deploy_file(hosts: dict[str, dict], groups: dict[str, list[str]], path: 
     the ops added up to then; any other propagates.
     """
     import pyinfra
-    from pyinfra.api import Config, Inventory, State
-    from pyinfra.api.connect import connect_all
-    from pyinfra.api.host import Host
-    from pyinfra.api.state import StateStage
+    from pyinfra.api import Inventory
     from pyinfra.context import ctx_state
     from pyinfra_cli.util import load_deploy_file
 
@@ -202,23 +214,11 @@ def run_deploy_file(hosts: dict[str, dict], groups: dict[str, list[str]], path: 
           for n in names], {}),
         override_data=override_data,
         **{g: ([f"@fake/{n}" for n in members], {}) for g, members in groups.items()})
-    state = State(inventory, Config())
-    state.set_stage(StateStage.Connect)
-    connect_all(state)
-    state.set_stage(StateStage.Prepare)
+    state = _preparing_state(inventory)
     state.current_op_file_number = 0
 
     mp = monkeypatch or pytest.MonkeyPatch()
-    original = Host.get_fact
-
-    def get_fact(self, cls, *a, **kw):
-        table = hosts[by_fake[self.name]].get("facts") or {}
-        if cls in table:
-            value = table[cls]
-            return value(*a, **kw) if callable(value) else value
-        return original(self, cls, *a, **kw)
-
-    mp.setattr(Host, "get_fact", get_fact)
+    _serve_facts(mp, hosts, by_fake)
     # pyinfra_cli/main.py sets this: op order (and identity across hosts) then comes from the call
     # stack's line numbers in the deploy file, not from a per-host counter (API mode)
     mp.setattr(pyinfra, "is_cli", True)
