@@ -14,8 +14,8 @@ before the workers and before the serving check: nothing after it starts until e
 Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 (`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
 """
-from m3deploy.context import cluster_plan, host_plan
-from m3deploy.errors import InvalidPlan, ValidationError
+from m3deploy.core.errors import ValidationError
+from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
 
 try:
     plan = cluster_plan()

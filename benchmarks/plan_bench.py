@@ -45,9 +45,10 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", "import m3deploy.cli"], check=True)
         imp.append(time.perf_counter() - t)
 
-    from m3deploy import plan as planmod
+    from m3deploy.core import build as planmod
+    from m3deploy.core import inventory
 
-    hosts = planmod.load_inventory(INV)
+    hosts = inventory.load_inventory(INV)
     build = []
     for _ in range(args.runs):
         t = time.perf_counter()

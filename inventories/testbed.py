@@ -10,7 +10,7 @@ group_data/testbed.py, not here. With no testbed up this raises an M3Error namin
 
 import os as _os
 
-from m3deploy.errors import M3Error as _M3Error
+from m3deploy.core.errors import M3Error as _M3Error
 from m3deploy.testbed import load_state as _load_state
 
 _name = _os.environ.get("M3_TESTBED", "m3tb")

@@ -1,10 +1,10 @@
 """Ship Dynamo's wheelhouse, build the versioned venv OFFLINE, ship the mock model (mocker engine).
 
-Reads (through m3deploy.context): cluster_plan().dynamo_version, .venv, .engine, .model_dir,
+Reads (through m3deploy.deploy.context): cluster_plan().dynamo_version, .venv, .engine, .model_dir,
 .served_model_name; host_plan().services (only hosts with a native frontend/worker get the venv;
 only hosts with a mocker worker get the model dir).
 
-The controller builds the wheelhouse once (m3deploy.artifacts.ensure_wheelhouse, cached under
+The controller builds the wheelhouse once (m3deploy.controller.artifacts.ensure_wheelhouse, cached under
 ~/.cache/m3deploy/wheelhouse/dynamo-<v>/). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/;
 the host's copy is compared by one fact (sha256 of its SHA256SUMS): when equal nothing is sent.
 After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt only when its
@@ -19,8 +19,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server
 
-from m3deploy import artifacts, mockmodel
-from m3deploy.errors import M3Error
+from m3deploy.controller import artifacts
+
+from m3deploy.controller import mockmodel
+from m3deploy.core.errors import M3Error
 from roles import _units as u
 
 WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"

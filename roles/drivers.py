@@ -30,7 +30,7 @@ IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
 
 @deploy("GPU drivers")
 def deploy_drivers():
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     hp = context.host_plan()
     if hp.gpus <= 0 or hp.gpu_vendor not in ("nvidia", "amd"):
@@ -83,7 +83,7 @@ def _install_nvidia(hp) -> bool:
 def _nvidia_services(hp, installing: bool) -> None:
     services = host.get_fact(F.GpuServices)
     if _imex(hp):
-        from m3deploy import context
+        from m3deploy.deploy import context
 
         peers = [h.address for h in context.cluster_plan().hosts if h.platform == hp.platform and h.gpus]
         files.put(name=f"Render {IMEX_NODES}", src=StringIO("\n".join(peers) + "\n"), dest=IMEX_NODES,

@@ -1,6 +1,6 @@
 """etcd for Dynamo's discovery: Debian's etcd-server, run by our etcd.service on the cluster address.
 
-Reads (through m3deploy.context): cluster_plan().name; host_plan().services of kind "etcd"
+Reads (through m3deploy.deploy.context): cluster_plan().name; host_plan().services of kind "etcd"
 (argv, env, secret_env, env_file, workdir, readiness). Data keys behind them: m3_etcd_* as the
 plan resolves them; secrets from the controller's store (~/.config/m3deploy/<cluster>/secrets.json).
 

@@ -1,6 +1,6 @@
 """The Dynamo frontend (OpenAI HTTP + KV router), native from the versioned venv.
 
-Reads (through m3deploy.context): cluster_plan().name; host_plan().services of kind "frontend":
+Reads (through m3deploy.deploy.context): cluster_plan().name; host_plan().services of kind "frontend":
 argv/command, env (ETCD_ENDPOINTS, NATS_SERVER, DYN_* advertised addresses, HOME, ...),
 secret_env (ETCD_AUTH_PASSWORD, NATS_AUTH_PASSWORD), env_file, workdir, readiness.
 Runs as system user m3 (root only when the plan gives it a container image).

@@ -5,7 +5,7 @@
 Under Dynamo a GPU worker runs `python3 -m dynamo.<engine>` inside the engine's image: the plan names that
 image `m3deploy/dynamo-<engine>:<version>-<hash of the base>` and its `base_image`. This role gets the base
 image as above, ships the controller's ai-dynamo wheelhouse built for the container's Python and CPU
-(m3deploy.artifacts.Target: `m3_container_python`, default 3.12; the platform's arch) and builds the image
+(m3deploy.controller.artifacts.Target: `m3_container_python`, default 3.12; the platform's arch) and builds the image
 on the host with `docker build --network none` — offline, as the GB200 lane's `pip install ai-dynamo`.
 
 Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version. Data keys:
@@ -23,12 +23,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from m3deploy import facts as F
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 REMOTE_DIR = "/var/lib/m3/images"
 
 
-from m3deploy.images import image_archive_name  # noqa: E402  (one naming rule for save and load)
+from m3deploy.controller.images import image_archive_name  # noqa: E402  (one naming rule for save and load)
 
 
 DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
@@ -58,11 +58,12 @@ def _get(image: str, archive_dir):
 
 def _build(svc, version: str, archive_dir):
     """Build the plan's Dynamo worker image FROM its base image, offline, with the shipped wheels."""
-    from m3deploy import artifacts, recipes
+    from m3deploy.controller import artifacts
+    from m3deploy.core import catalog
 
     if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
         _get(svc.base_image, archive_dir)
-    platform = recipes.catalog()["platforms"].get(context_platform(), {})
+    platform = catalog.catalog()["platforms"].get(context_platform(), {})
     target = artifacts.Target.container(str(host.data.get("m3_container_python") or "3.12"),
                                         platform.get("arch", "x86_64"))
     local = artifacts.ensure_wheelhouse(version, target=target)
@@ -79,14 +80,14 @@ def _build(svc, version: str, archive_dir):
 
 
 def context_platform() -> str:
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     return context.host_plan().platform
 
 
 @deploy("Container images")
 def deploy_images():
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     hp = context.host_plan()
     archive_dir = host.data.get("m3_image_archive_dir")

@@ -1,6 +1,6 @@
 """NATS (JetStream on, raised max_payload, user/password auth) for Dynamo, on the cluster address.
 
-Reads (through m3deploy.context): cluster_plan().name and settings m3_nats_max_payload
+Reads (through m3deploy.deploy.context): cluster_plan().name and settings m3_nats_max_payload
 (default 33554432: long prompts time out below it, Dynamo issue 9734); host_plan().services of
 kind "nats": argv (`nats-server -c CONF`), ports "client" and "monitor", env
 (NATS_AUTH_USERNAME), secret_env (NATS_AUTH_PASSWORD), env_file, workdir (JetStream store under
@@ -13,8 +13,8 @@ stopped and masked (it would bind 0.0.0.0:4222).
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from m3deploy.errors import M3Error
-from m3deploy.render import render
+from m3deploy.core.errors import M3Error
+from roles._render import render
 from roles import _units as u
 
 USER = "nats"  # created by the nats-server package

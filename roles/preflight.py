@@ -1,5 +1,5 @@
 """Preflight inside a deploy: gather the GPU-host facts, check them against the host's plan
-(m3deploy.preflight.check_host) and stop the deploy, before any host is changed, when a check fails.
+(m3deploy.check.preflight.check_host) and stop the deploy, before any host is changed, when a check fails.
 The first call in a run checks every targeted host at once, so one error names all failing hosts.
 
 Checks the drivers role itself fixes are not fatal here: when no GPU driver answers yet (fresh host)
@@ -16,9 +16,9 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 from m3deploy.facts import gather_facts
-from m3deploy.preflight import check_host
+from m3deploy.check.preflight import check_host
 
 DRIVER_FIXES = {"driver", "reboot", "gpu-driver-loaded"}
 NEEDS_DRIVER = {"gpu-vendor", "gpu-count", "gpu-model", "gpu-mixed", "gpu-memory", "mig", "amd-devices"}
@@ -45,7 +45,7 @@ def preflight():
     PreflightFailed naming every failing host; later calls (the other hosts) have nothing left to do."""
     from pyinfra.context import ctx_host
 
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     if getattr(state, _ATTR, False):
         return

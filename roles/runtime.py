@@ -18,7 +18,7 @@ from roles import _gpu
 
 @deploy("Container runtime")
 def deploy_runtime():
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     hp = context.host_plan()
     if not (hp.gpus > 0 or any(s.image for s in hp.services)):

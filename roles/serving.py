@@ -15,9 +15,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy import readiness
-from m3deploy import context
-from m3deploy.errors import M3Error
+from m3deploy.check import readiness
+from m3deploy.deploy import context
+from m3deploy.core.errors import M3Error
 from roles import _units
 
 

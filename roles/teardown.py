@@ -1,6 +1,6 @@
 """Remove everything the deploy created on this host (the plan's state "absent").
 
-Reads (through m3deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
+Reads (through m3deploy.deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
 m3_keep_caches); host_plan().services (units, env files, workdirs, containers), .weights_dir.
 Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
 workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 from roles import _units as u
 from roles.artifacts import WHEELHOUSE_ROOT
 from roles.etcd import AUTH_SCRIPT

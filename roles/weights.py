@@ -28,7 +28,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 TOKEN_PATH = "/etc/m3/hf_token"
 CONTAINER_CACHE = "/root/.cache/huggingface"
@@ -57,7 +57,7 @@ def marker_path(weights_dir: str, model_id: str) -> str:
 
 @deploy("Model weights")
 def deploy_weights():
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     hp = context.host_plan()
     if not hp.weights_dir or hp.weights_gb <= 0:

@@ -1,6 +1,6 @@
 """Engine workers: one systemd unit per worker rank on this host (m3-worker@<n>.service).
 
-Reads (through m3deploy.context): cluster_plan() (name; the frontend service, to wait until it
+Reads (through m3deploy.deploy.context): cluster_plan() (name; the frontend service, to wait until it
 lists this host's workers); host_plan().services of kind "worker": command (native venv argv for
 the mocker, `docker run ...` for GPU engines), env, secret_env, env_file, workdir, readiness,
 rank. Only the unit whose unit file or env file changed is restarted (`_if=op.did_change`).
@@ -9,7 +9,7 @@ Native workers run as system user m3; container workers as root (docker).
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy import readiness
+from m3deploy.check import readiness
 from roles import _units as u
 
 
@@ -60,7 +60,7 @@ def deploy_workers():
         u.wait_ready(s, started)
     fe, url = _frontend_health(cp)
     heads = [s for s in workers if s.rank == 0]
-    if fe is not None and cp.serving == "dynamo" and heads and not u._fake_host():
+    if fe is not None and cp.serving == "dynamo" and heads:
         timeout = max((s.readiness.timeout_s for s in heads if s.readiness), default=120)
         python.call(name=f"Wait until the frontend lists this host's {len(heads)} worker(s)",
                     function=_wait_registered, url=url, address=hp.address, count=len(heads),

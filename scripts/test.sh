@@ -6,4 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+lint-imports  # imports point one way (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md)
 exec python3 -m pytest -p no:cacheprovider "$@"

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 from . import config as C
 from . import core

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 DEFAULT_NAME = "m3tb"
 DEFAULT_SUBNET = "10.77.0.0/24"

@@ -26,7 +26,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 from . import config as C
 from . import image as I

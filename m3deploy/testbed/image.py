@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 from . import config as C
 

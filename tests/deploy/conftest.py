@@ -15,7 +15,7 @@ callable value is called with the fact kwargs, e.g. `{DockerImage: lambda image:
 ops are only prepared, and their command generators are read (their `_if` conditions are not evaluated
 outside execution, hence `conditional`).
 
-`host_plan` / `cluster_plan` replace m3deploy.context's functions for the run; pass a ClusterPlan only
+`host_plan` / `cluster_plan` replace m3deploy.deploy.context's functions for the run; pass a ClusterPlan only
 to let `host_plan()` come from it (`cluster_plan.host(name)`). To run several hosts, pass
 `hosts={name: {"facts": ..., "host_data": ...}}` and read `run.for_host(name)`.
 """
@@ -132,8 +132,13 @@ def _preparing_state(inventory):
 
 def _serve_facts(mp: pytest.MonkeyPatch, hosts: dict[str, dict], by_fake: dict[str, str]) -> None:
     """Host.get_fact answers from hosts[name]["facts"] ({FactClass: value, or a callable of the fact's
-    arguments}); any other fact goes to the @fake connector (its default)."""
+    arguments}); any other fact goes to the @fake connector (its default). The plan knows `@fake/<name>`
+    as `<name>` (m3deploy.deploy.context.plan_name)."""
     from pyinfra.api.host import Host
+
+    from m3deploy.deploy import context
+
+    mp.setattr(context, "plan_name", lambda h: by_fake.get(h.name, h.name))
 
     original = Host.get_fact
 
@@ -153,7 +158,7 @@ def run_fake(deploy_fn: Callable, facts: dict | None = None, host_data: dict | N
     from pyinfra.api import Inventory
     from pyinfra.api.deploy import add_deploy
 
-    from m3deploy import context
+    from m3deploy.deploy import context
 
     if hosts is None:
         name = host_plan.name if host_plan is not None else "gpu-01"
@@ -198,7 +203,7 @@ def run_deploy_file(hosts: dict[str, dict], groups: dict[str, list[str]], path: 
 
     hosts: {name: {"data": host data (already merged with group data), "facts": {FactClass: value}}};
     groups: {group name: [names]}; override_data: what `--data k=v` would give. Nothing in
-    m3deploy.context is replaced: the plan is built from this inventory like in a real run.
+    m3deploy.deploy.context is replaced: the plan is built from this inventory like in a real run.
     An exception of a type in `raises` (SystemExit included) is caught and kept in `run.error`, with
     the ops added up to then; any other propagates.
     """

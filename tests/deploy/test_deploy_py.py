@@ -1,7 +1,7 @@
 """deploy.py itself, loaded the way `pyinfra -y inventories/<x>.py deploy.py` loads it
 (pyinfra_cli.util.load_deploy_file, pyinfra.is_cli, every host's copy run in pyinfra's greenlet pool), on
 `@fake/<name>` hosts that carry the shipped inventory's data and groups, for every shipped inventory
-except testbed.py (deployed for real by the e2e tests). Nothing in m3deploy.context is replaced: the plan
+except testbed.py (deployed for real by the e2e tests). Nothing in m3deploy.deploy.context is replaced: the plan
 is built and validated from this pyinfra inventory exactly as in a real run. What is asserted is what
 pyinfra would run: the ops, in pyinfra's cluster-wide op order, with their commands and uploaded texts.
 
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from m3deploy import facts as F
-from m3deploy import plan as planmod
-from m3deploy.model import Service
+from m3deploy.core import inventory
+from m3deploy.core import build as planmod
+from m3deploy.core.model import Service
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Os, Which
 from roles.preflight import PreflightFailed
@@ -56,7 +57,7 @@ _runner = {}
 def controller(tmp_path, monkeypatch, deploy_file):
     """The controller's side: secrets store and artifact cache under tmp_path, an HF token in the env,
     and a tiny complete wheelhouse (so the artifacts role never reaches PyPI)."""
-    from m3deploy import artifacts
+    from m3deploy.controller import artifacts
     from roles import _units
 
     _runner["run"] = deploy_file  # conftest's run_deploy_file, its patches undone after each test
@@ -64,7 +65,7 @@ def controller(tmp_path, monkeypatch, deploy_file):
     monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
     import roles.artifacts
-    from m3deploy import mockmodel
+    from m3deploy.controller import mockmodel
 
     _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
     roles.artifacts._wheelhouse.cache_clear()  # per-run caches, keyed without the cache root
@@ -195,7 +196,7 @@ class Cluster:
 
     def __init__(self, inv: str, override_data: dict | None = None):
         self.inv = inv
-        self.hosts = planmod.load_inventory(ROOT / "inventories" / f"{inv}.py")
+        self.hosts = inventory.load_inventory(ROOT / "inventories" / f"{inv}.py")
         self.override_data = override_data
         self.plan = planmod.build(self.hosts, name=inv)
         self.groups: dict[str, list[str]] = {"control": [], "workers": [], inv: []}
@@ -338,8 +339,8 @@ def worker_services(cluster, name) -> list[Service]:
 def check_worker_units(run, cluster, config: Path):
     """Each worker rank's env file (0600, every plan env var, its secrets) and unit are rendered; the
     unit runs the plan's exact command."""
-    from m3deploy.render import env_line
-    from m3deploy.secrets import load_secrets
+    from roles._render import env_line
+    from m3deploy.controller.secrets import load_secrets
 
     store = load_secrets(cluster.plan.name)
     for name, ops in run.ops_by_host.items():
@@ -524,10 +525,10 @@ def test_missing_gpus_stop_the_deploy_before_any_change(inv, cluster_run):
 def test_invalid_plan_exits_2_before_any_op(inv, override, problem, capsys):
     cluster = Cluster.__new__(Cluster)
     cluster.inv, cluster.override_data = inv, override
-    cluster.hosts = planmod.load_inventory(ROOT / "inventories" / f"{inv}.py")
+    cluster.hosts = inventory.load_inventory(ROOT / "inventories" / f"{inv}.py")
     cluster.groups = {"control": [], "workers": [h.name for h in cluster.hosts], inv: [h.name for h in cluster.hosts]}
     hosts = {h.name: {"data": dict(h.data), "facts": {}} for h in cluster.hosts}
-    from m3deploy.errors import InvalidPlan
+    from m3deploy.deploy.context import InvalidPlan
 
     run = _runner["run"](hosts, cluster.groups, override_data=override, raises=(InvalidPlan,))
     assert isinstance(run.error, InvalidPlan) and run.error.exit_code == 2
@@ -633,3 +634,24 @@ def test_nats_requires_the_credentials_clients_get(cluster_run):
     ctl = cluster.hosts[0].name
     conf = op(run.for_host(ctl), "Render /etc/m3/nats.conf").uploads["/etc/m3/nats.conf"]
     assert "authorization {" in conf
+
+
+@pytest.mark.parametrize("inv", ["gb200", "h200"])
+def test_readiness_waits_are_wired(inv, cluster_run):
+    """Every planned service with a readiness check gets its controller-side wait, after its start and only if
+    this run (re)started it (`_if`); Dynamo workers then wait until the frontend lists them. Nothing polls under
+    @fake: the ops are only prepared."""
+    cluster, run = cluster_run(inv)
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        names = [short(o, name) for o in ops]
+        for s in hp.services:
+            if not (s.readiness and s.readiness.kind in ("http", "tcp")):
+                continue
+            wait = next(i for i, n in enumerate(names) if n.startswith(f"Wait for {s.unit} "))
+            assert ops[wait].conditional and ops[wait].commands == ["PYTHON _wait"], (name, s.unit)
+            start = max(i for i, n in enumerate(names) if s.unit in n and not n.startswith("Wait"))
+            assert start < wait, (name, s.unit, names)
+        heads = [s for s in hp.services if s.kind == "worker" and s.rank == 0]
+        listed = [n for n in names if n.startswith("Wait until the frontend lists")]
+        assert len(listed) == (1 if heads and cluster.plan.serving == "dynamo" else 0), (name, listed)

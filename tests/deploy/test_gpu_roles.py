@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from m3deploy import facts as F
-from m3deploy.model import ClusterPlan, HostPlan, Service
+from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
 from roles.preflight import PreflightFailed, preflight
@@ -168,7 +168,7 @@ def test_control_and_sim_hosts_are_left_alone(fake):
 
 
 def test_non_ubuntu_fresh_host_gets_a_clear_error(fake):
-    from m3deploy.errors import M3Error
+    from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="Ubuntu 22.04 and 24.04"):
         fake(deploy_drivers, facts={F.OsInfo: F.parse_os_release("ID=rocky\nVERSION_ID=9.4\n")}, host_plan=hplan())
@@ -256,7 +256,7 @@ def test_images_air_gapped_upload_and_load(fake, tmp_path):
 
 
 def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
-    from m3deploy.errors import M3Error
+    from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
         fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hplan(),
@@ -294,7 +294,7 @@ def test_weights_on_the_host_from_a_token_file(fake, monkeypatch, tmp_path):
         f"HF_HOME=/var/lib/m3/hf HF_TOKEN_PATH=/etc/m3/hf_token /opt/m3/bin/hf download {MODEL}"
     assert not any("hf_filetoken" in c for c in run.commands)
     tok.chmod(0o644)
-    from m3deploy.errors import M3Error
+    from m3deploy.core.errors import M3Error
     with pytest.raises(M3Error, match="chmod 600"):
         fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp), host_data={"m3_hf_token_file": str(tok)})
 

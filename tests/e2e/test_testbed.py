@@ -286,7 +286,7 @@ def test_down_cleans_a_half_built_testbed():
 def test_lock_is_exclusive(monkeypatch):
     """A second command waits for the lock (M3_TESTBED_LOCK_TIMEOUT), then fails naming the holder."""
     monkeypatch.setenv("M3_TESTBED_LOCK_TIMEOUT", "1")
-    from m3deploy.errors import M3Error
+    from m3deploy.core.errors import M3Error
     from m3deploy.testbed import core
     holder = subprocess.Popen([sys.executable, "-c",
                                "import time; from m3deploy.testbed import core\n"

@@ -2,13 +2,13 @@
 
 No testbed, no SSH: etcd, NATS (JetStream + monitor), the Dynamo frontend and two mocker workers run
 as plain processes on 127.0.10.1 (control), 127.0.10.2 and 127.0.10.3 (workers), each started from
-the argv and env of a plan built with `m3deploy.plan.hosts_from_dict` (so the plan's own flags are
-what runs). Then `m3deploy.smoke` and the controller-side health checks of `m3deploy.verify` run
+the argv and env of a plan built with `m3deploy.core.build.hosts_from_dict` (so the plan's own flags are
+what runs). Then `m3deploy.check.smoke` and the controller-side health checks of `m3deploy.check.verify` run
 against it and must all pass.
 
 Needs: /usr/bin/etcd and /usr/bin/nats-server (`apt-get install etcd-server nats-server`) and a Dynamo
 venv: $M3_DYNAMO_VENV, or one built here offline from the wheelhouse
-(`python -m m3deploy.artifacts` makes it). Missing pieces skip with the fix as the reason.
+(`python -m m3deploy.controller.artifacts` makes it). Missing pieces skip with the fix as the reason.
 
 By hand (keeps the stack up until Ctrl-C, prints the plan's endpoint):
     python tests/e2e/test_verify_loopback.py up
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from m3deploy import plan as planmod
-from m3deploy.model import ClusterPlan, Service
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
+from m3deploy.core.model import ClusterPlan, Service
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +38,7 @@ DYNAMO_VERSION = "1.6.1"
 
 
 def loopback_plan(root: str, workers=(W1, W2), control=CONTROL) -> ClusterPlan:
-    hosts = planmod.hosts_from_dict(
+    hosts = inventory.hosts_from_dict(
         {"control": [("lb-control", {"m3_address": control})],
          "workers": [(f"lb-worker-{i}", {"m3_address": a}) for i, a in enumerate(workers, 1)]},
         all_data={"m3_platform": "sim", "m3_engine": "mocker", "m3_serving": "dynamo", "m3_parallel": "tp1",
@@ -51,7 +52,7 @@ def find_venv() -> str | None:
     env = os.environ.get("M3_DYNAMO_VENV")
     if env:
         return env
-    from m3deploy import artifacts
+    from m3deploy.controller import artifacts
 
     venv = artifacts.cache_root() / "verify-venv" / f"dynamo-{DYNAMO_VERSION}"
     if (venv / "bin" / "python").exists() and (venv / ".complete").exists():
@@ -79,7 +80,7 @@ class LoopbackStack:
         self.plan = loopback_plan(self.root)
 
     def _prepare(self) -> None:
-        from m3deploy import mockmodel
+        from m3deploy.controller import mockmodel
 
         os.makedirs(f"{self.root}/venvs", exist_ok=True)
         link = Path(self.plan.venv)
@@ -90,7 +91,7 @@ class LoopbackStack:
         os.makedirs(f"{self.root}/logs", exist_ok=True)
 
     def _nats_conf(self, s: Service) -> str:
-        from m3deploy.render import render
+        from roles._render import render
 
         ports = {p.name: p for p in s.ports}
         text = render("nats.conf.j2", cluster=self.plan.name, service=s, client=ports["client"],
@@ -115,7 +116,7 @@ class LoopbackStack:
         self.procs.append((f"{s.host}/{s.name}", p))
 
     def _wait(self, s: Service, timeout: float = 120) -> float:
-        from m3deploy import readiness
+        from m3deploy.check import readiness
 
         r = s.readiness
         if r is None or r.kind not in readiness.CHECKS:
@@ -145,7 +146,7 @@ class LoopbackStack:
             self._start(s)
             self._wait(s)
             took[f"{s.host}/{s.name}"] = round(time.monotonic() - t0, 2)
-        from m3deploy import readiness
+        from m3deploy.check import readiness
 
         fe = next(s for h in self.plan.hosts for s in h.services if s.kind == "frontend")
         health = fe.readiness.url.rsplit("/", 1)[0] + "/health"
@@ -196,7 +197,7 @@ def stack():
         pytest.skip(f"loopback ports in use ({', '.join(busy)}): another stack runs on 127.0.10.x; stop it")
     venv = find_venv()
     if venv is None:
-        pytest.skip("no Dynamo venv: set M3_DYNAMO_VENV or build the wheelhouse (python -m m3deploy.artifacts)")
+        pytest.skip("no Dynamo venv: set M3_DYNAMO_VENV or build the wheelhouse (python -m m3deploy.controller.artifacts)")
     st = LoopbackStack(venv)
     try:
         st.start()
@@ -207,7 +208,7 @@ def stack():
 
 
 def test_health_checks_pass(stack):
-    from m3deploy import verify
+    from m3deploy.check import verify
 
     results = verify.run_checks(verify.controller_checks(stack.plan), verify.Context(stack.plan))
     failed = [r for r in results if not r.ok]
@@ -215,7 +216,8 @@ def test_health_checks_pass(stack):
 
 
 def test_smoke_passes(stack):
-    from m3deploy import smoke, verify
+    from m3deploy.check import smoke
+    from m3deploy.check import verify
 
     results = verify.run_checks(smoke.smoke_checks(stack.plan), verify.Context(stack.plan))
     failed = [r for r in results if not r.ok]
@@ -232,7 +234,11 @@ def test_affinity_checks_fail_without_session_affinity(stack):
     The affinity checks must fail there (turns of one session split over workers)."""
     from dataclasses import replace
 
-    from m3deploy import readiness, smoke, verify
+    from m3deploy.check import readiness
+
+    from m3deploy.check import smoke
+
+    from m3deploy.check import verify
 
     fe = next(s for h in stack.plan.hosts for s in h.services if s.kind == "frontend")
     argv = list(fe.argv)
@@ -251,7 +257,7 @@ def test_affinity_checks_fail_without_session_affinity(stack):
 
 def test_instances_check_notices_a_missing_worker(stack):
     """The instance check must notice a missing worker (SIGTERM deregisters at once)."""
-    from m3deploy import verify
+    from m3deploy.check import verify
 
     key, proc = next((k, p) for k, p in stack.procs if k.endswith("m3-worker@0") and "worker-2" in k)
     os.killpg(proc.pid, signal.SIGTERM)

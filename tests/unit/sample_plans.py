@@ -1,6 +1,6 @@
 """Hand-built ClusterPlans for the control-plane/worker tests: the Service shapes the roles and
 templates expect from plan.build (measured on Dynamo 1.6.1, see docs/DYNAMO.md)."""
-from m3deploy.model import ClusterPlan, HostPlan, Port, Readiness, Service, WorkerPlan
+from m3deploy.core.model import ClusterPlan, HostPlan, Port, Readiness, Service, WorkerPlan
 
 VENV = "/opt/m3/dynamo-1.6.1"
 MODEL_DIR = "/opt/m3/models/mock-minimax-m3"

@@ -79,7 +79,7 @@ def test_plan_host_filter_and_unknown_host():
 
 def test_plan_explain_names_layers():
     r = run("plan", "inventories/gb200.py", "--host", "gb200-r01-t01", "--explain")
-    assert "platform:gb200:tp8-two-trays (m3deploy/recipes/60-dynamo.yaml)" in r.output
+    assert "platform:gb200:tp8-two-trays (m3deploy/core/data/layers/60-dynamo.yaml)" in r.output
     assert "plan:multi-host" in r.output
 
 

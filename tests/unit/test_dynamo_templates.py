@@ -4,8 +4,8 @@ import shlex
 
 import pytest
 
-from m3deploy.errors import M3Error
-from m3deploy.render import env_line, render, service_env, systemd_arg, systemd_argv
+from m3deploy.core.errors import M3Error
+from roles._render import env_line, render, service_env, systemd_arg, systemd_argv
 from sample_plans import gpu_worker, sim_plan
 
 SECRETS = {"nats-password": "m3p-NATSsecret", "etcd-password": "m3p-ETCDsecret",

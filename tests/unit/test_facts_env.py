@@ -6,10 +6,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from m3deploy import factcache
-from m3deploy import plan as planmod
+from m3deploy.controller import factcache
+from m3deploy.core import inventory
+from m3deploy.core import build as planmod
 from m3deploy.cli import main
-from m3deploy.netenv import env_from_facts
+from m3deploy.core.netenv import env_from_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 RDMA = [{"device": "mlx5_0", "port": 1, "state": "ACTIVE", "active": True},
@@ -21,7 +22,7 @@ def two_trays(**host_data):
     groups = {"control": [("c", {"m3_address": "10.0.0.2"})],
               "workers": [("t1", {"m3_address": "10.0.0.11", **host_data}), ("t2", {"m3_address": "10.0.0.12"})]}
     data = {"m3_platform": "gb200", "m3_variant": "nvfp4", "m3_parallel": "tp8", "m3_serving": "dynamo"}
-    return planmod.hosts_from_dict(groups, all_data=data)
+    return inventory.hosts_from_dict(groups, all_data=data)
 
 
 def test_env_from_facts_uses_active_ports_only():
@@ -59,7 +60,7 @@ def test_user_settings_win_over_facts():
 
 def test_single_host_workers_get_no_facts_env():
     groups = {"workers": [("h", {"m3_address": "10.0.0.5"})]}
-    p = planmod.build(planmod.hosts_from_dict(groups, all_data={"m3_platform": "h200"}),
+    p = planmod.build(inventory.hosts_from_dict(groups, all_data={"m3_platform": "h200"}),
                       facts={"h": {"env": {"NCCL_IB_HCA": "mlx5_0"}}})
     assert "NCCL_IB_HCA" not in dict(p.host("h").services[0].env)
 

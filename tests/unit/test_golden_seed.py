@@ -11,7 +11,8 @@ import shlex
 
 import pytest
 
-from m3deploy import plan as planmod
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
 
 PLAN_ARGS = {"--host", "--port"}
 PLAN_ENV = {"HF_HUB_OFFLINE", "HIP_VISIBLE_DEVICES"}
@@ -58,7 +59,7 @@ def worker(platform, variant="bf16", parallel="tp8", engine="vllm", serving="sta
     groups = {"workers": [(f"w{i}", {"m3_address": f"10.0.0.{11 + i}"}) for i in range(hosts)]}
     if serving == "dynamo":
         groups["control"] = [("ctl", {"m3_address": "10.0.0.2"})]
-    p = planmod.build(planmod.hosts_from_dict(groups, all_data=d), name="golden")
+    p = planmod.build(inventory.hosts_from_dict(groups, all_data=d), name="golden")
     svc = p.host(f"w{rank}").services[0]
     return p, svc
 
@@ -500,7 +501,7 @@ def test_every_flag_and_env_names_its_layer():
     for k in env:
         assert f"env:{k}" in prov, k
     assert prov["--linear-backend"].layer == "feature:high-concurrency"
-    assert prov["--linear-backend"].source == "m3deploy/recipes/50-features.yaml"
+    assert prov["--linear-backend"].source == "m3deploy/core/data/layers/50-features.yaml"
     assert prov["env:NCCL_DEBUG"].layer == "cluster:m3_extra_env"
     assert prov["--block-size"].layer == "base"
     assert prov["image"].layer == "platform:mi355x:mxfp8"

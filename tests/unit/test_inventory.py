@@ -1,11 +1,11 @@
-"""m3deploy.inventory reads inventory files exactly as pyinfra 3.10 does (same hosts, groups, data)."""
+"""m3deploy.core.inventory reads inventory files exactly as pyinfra 3.10 does (same hosts, groups, data)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from m3deploy import inventory
+from m3deploy.core import inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "inventories").glob("*.py") if p.stem != "testbed")

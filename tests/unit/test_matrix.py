@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from m3deploy import plan as planmod
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
+from m3deploy.core import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +37,7 @@ def test_matrix_has_rows():
 def test_row_builds(row):
     platform, variant, parallel, engine, serving, features, validated = row
     feats = [f.strip() for f in features.split(",") if f.strip()]
-    kind, size, _ = planmod.parse_parallel(parallel)
+    kind, size, _ = settings.parse_parallel(parallel)
     gph = 1 if platform == "sim" else (4 if platform == "gb200" else 8)
     n = max(1, size // gph)
     data = {"m3_platform": platform, "m3_variant": variant, "m3_parallel": parallel, "m3_engine": engine,
@@ -45,7 +47,7 @@ def test_row_builds(row):
     groups = {"workers": [(f"w{i}", {"m3_address": f"10.1.0.{10 + i}"}) for i in range(n)]}
     if serving == "dynamo":
         groups["control"] = [("c", {"m3_address": "10.1.0.2"})]
-    p = planmod.build(planmod.hosts_from_dict(groups, all_data=data))
+    p = planmod.build(inventory.hosts_from_dict(groups, all_data=data))
     assert p.workers and all(w.services for w in p.workers)
 
 

@@ -2,13 +2,13 @@ import json
 import subprocess
 import sys
 
-from m3deploy import mockmodel
+from m3deploy.controller import mockmodel
 
 
 def test_deterministic_and_big_enough(tmp_path):
     d1 = mockmodel.write_model_dir(tmp_path / "a")
     # a second build in a fresh process (different hash seeds, thread scheduling) gives the same bytes
-    out = subprocess.run([sys.executable, "-m", "m3deploy.mockmodel", str(tmp_path / "b")],
+    out = subprocess.run([sys.executable, "-m", "m3deploy.controller.mockmodel", str(tmp_path / "b")],
                          capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123",
                                                                          "PATH": "/usr/bin:/bin"})
     assert out.stdout.split()[-1] == d1

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from m3deploy.cli import load_plan
-from m3deploy.errors import ValidationError
+from m3deploy.core.errors import ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = ROOT / "tests" / "fixtures" / "plans"

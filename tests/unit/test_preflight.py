@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from m3deploy import facts as F
-from m3deploy.model import HostPlan, Service
-from m3deploy.preflight import (Check, check_host, env_from_facts, model_matches, nccl_command,
+from m3deploy.core.model import HostPlan, Service
+from m3deploy.check.preflight import (Check, check_host, env_from_facts, model_matches, nccl_command,
                                 parse_nccl_output, worker_image)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -6,9 +6,11 @@ import threading
 
 import pytest
 
-from m3deploy import readiness, secrets
-from m3deploy.errors import M3Error
-from m3deploy.model import Readiness
+from m3deploy.check import readiness
+
+from m3deploy.controller import secrets
+from m3deploy.core.errors import M3Error
+from m3deploy.core.model import Readiness
 
 
 def test_secrets_generated_once_0600(tmp_path, monkeypatch):

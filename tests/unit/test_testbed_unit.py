@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 from m3deploy.testbed import config as C
 from m3deploy.testbed import core
 

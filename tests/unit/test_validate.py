@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from m3deploy import plan as planmod
-from m3deploy.errors import ValidationError
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
+from m3deploy.core.errors import ValidationError
 
 
 def build(workers=1, control=0, **data):
@@ -15,7 +16,7 @@ def build(workers=1, control=0, **data):
     groups = {"workers": [(f"w{i}", {"m3_address": f"10.0.0.{11 + i}"}) for i in range(workers)]}
     if control:
         groups["control"] = [(f"c{i}", {"m3_address": f"10.0.0.{2 + i}"}) for i in range(control)]
-    return planmod.build(planmod.hosts_from_dict(groups, all_data=base), name="t")
+    return planmod.build(inventory.hosts_from_dict(groups, all_data=base), name="t")
 
 
 def problems(**kw) -> list[str]:
@@ -118,7 +119,7 @@ def test_mixed_platforms_inside_one_worker():
     groups = {"workers": [("t1", {"m3_platform": "gb200", "m3_address": "10.0.0.1"}),
                           ("t2", {"m3_platform": "b200", "m3_address": "10.0.0.2", "m3_gpus_per_host": 4})]}
     with pytest.raises(ValidationError) as e:
-        planmod.build(planmod.hosts_from_dict(groups, all_data={"m3_variant": "nvfp4", "m3_parallel": "tp8"}))
+        planmod.build(inventory.hosts_from_dict(groups, all_data={"m3_variant": "nvfp4", "m3_parallel": "tp8"}))
     assert any("mixes platforms" in p and "t1, t2" in p for p in e.value.problems)
 
 
@@ -140,7 +141,7 @@ def test_dynamo_without_control_host():
 def test_duplicate_addresses():
     groups = {"workers": [("a", {"m3_address": "10.0.0.5"}), ("b", {"m3_address": "10.0.0.5"})]}
     with pytest.raises(ValidationError) as e:
-        planmod.build(planmod.hosts_from_dict(groups, all_data={"m3_platform": "h200"}))
+        planmod.build(inventory.hosts_from_dict(groups, all_data={"m3_platform": "h200"}))
     assert any("a, b share the address 10.0.0.5" in p for p in e.value.problems)
 
 
@@ -149,7 +150,7 @@ def test_conflicting_ports_on_one_host():
     groups = {"control": [("n1", {"m3_address": "10.0.0.5"})], "workers": [("n1", {})]}
     data = {"m3_platform": "h200", "m3_serving": "dynamo", "m3_system_port": 8000}
     with pytest.raises(ValidationError) as e:
-        planmod.build(planmod.hosts_from_dict(groups, all_data=data))
+        planmod.build(inventory.hosts_from_dict(groups, all_data=data))
     assert any(p.startswith("host n1: port 8000 is used by") and "m3-frontend" in p and "m3-worker@0" in p
                for p in e.value.problems)
 
@@ -158,7 +159,7 @@ def test_cluster_keys_must_agree_across_workers():
     groups = {"workers": [("a", {"m3_address": "1.1.1.1", "m3_variant": "bf16"}),
                           ("b", {"m3_address": "1.1.1.2", "m3_variant": "mxfp8"})]}
     with pytest.raises(ValidationError) as e:
-        planmod.build(planmod.hosts_from_dict(groups, all_data={"m3_platform": "h200"}))
+        planmod.build(inventory.hosts_from_dict(groups, all_data={"m3_platform": "h200"}))
     assert any("m3_variant differs between workers" in p for p in e.value.problems)
 
 
@@ -189,5 +190,5 @@ def test_all_problems_reported_at_once():
 
 def test_no_workers_group():
     with pytest.raises(ValidationError) as e:
-        planmod.build(planmod.hosts_from_dict({"control": [("c", {})]}))
+        planmod.build(inventory.hosts_from_dict({"control": [("c", {})]}))
     assert "no `workers` group" in e.value.problems[0]

@@ -8,12 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from m3deploy import plan as planmod, smoke, verify
-from m3deploy.plan import InvHost
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
+
+from m3deploy.check import smoke
+
+from m3deploy.check import verify
+from m3deploy.core.build import InvHost
 
 
 def _plan(n_workers=2, serving="dynamo", **extra):
-    hosts = planmod.hosts_from_dict(
+    hosts = inventory.hosts_from_dict(
         {"control": [("c", {"m3_address": "10.0.0.1"})],
          "workers": [(f"w{i}", {"m3_address": f"10.0.0.{i + 1}"}) for i in range(1, n_workers + 1)]},
         all_data={"m3_platform": "sim", "m3_engine": "mocker", "m3_serving": serving, "m3_parallel": "tp1", **extra})
@@ -258,16 +263,18 @@ def test_cli_exit_codes(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     p = _plan(1)
-    monkeypatch.setattr(planmod, "load_inventory", lambda path, override_data=None: [])
+    from m3deploy.cli.verify import verify as verify_cmd
+
+    monkeypatch.setattr(inventory, "load_inventory", lambda path, override_data=None: [])
     monkeypatch.setattr(planmod, "build", lambda inv, name=None: p)
     results = _results()
     monkeypatch.setattr(verify, "run_checks", lambda checks, ctx: results)
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(verify.verify, ["inv.py", "--skip-smoke", "--json", "--report", str(out)])
+    res = CliRunner().invoke(verify_cmd, ["inv.py", "--skip-smoke", "--json", "--report", str(out)])
     assert res.exit_code == 1, res.output
     assert json.loads(res.output)["failed"] == 1 and json.loads(out.read_text())["passed"] == 1
     results[:] = results[:1]
-    res = CliRunner().invoke(verify.verify, ["inv.py", "--skip-smoke", "--report", str(tmp_path / "r.txt")])
+    res = CliRunner().invoke(verify_cmd, ["inv.py", "--skip-smoke", "--report", str(tmp_path / "r.txt")])
     assert res.exit_code == 0, res.output
     assert "1 passed, 0 failed" in (tmp_path / "r.txt").read_text()
 

@@ -2,8 +2,8 @@ import hashlib
 
 import pytest
 
-from m3deploy import artifacts
-from m3deploy.errors import M3Error
+from m3deploy.controller import artifacts
+from m3deploy.core.errors import M3Error
 
 
 def fake_wheelhouse(d):

@@ -58,10 +58,12 @@ def pytest_terminal_summary(terminalreporter, config):
 
 class _Suite:
     def __init__(self, config):
-        from m3deploy import plan as planmod, verify
+        from m3deploy.core import build as planmod
+        from m3deploy.core import inventory
+        from m3deploy.check import verify
 
         inv_path = config.getoption("--inventory")
-        self.inventory = planmod.load_inventory(inv_path)
+        self.inventory = inventory.load_inventory(inv_path)
         self.plan = planmod.build(self.inventory, name=Path(inv_path).stem)
         self.checks = verify.all_checks(self.plan, self.inventory, config.getoption("--verify-host"),
                                         smoke=not config.getoption("--skip-smoke"))
@@ -90,7 +92,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def vctx(request):
-    from m3deploy import verify
+    from m3deploy.check import verify
 
     s = _suite(request.config)
     ctx = verify.Context(s.plan, s.inventory)
@@ -100,7 +102,7 @@ def vctx(request):
 
 @pytest.fixture
 def run_check(vctx):
-    from m3deploy import verify
+    from m3deploy.check import verify
 
     def run(check):
         r = verify.run_check(check, vctx)

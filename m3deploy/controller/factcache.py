@@ -41,6 +41,6 @@ def load(cluster: str) -> dict[str, Any]:
 
 def network_facts(cluster: str) -> dict[str, dict[str, Any]]:
     """{host: {"env": {...}}} for plan.build(facts=...), from the cached facts."""
-    from .netenv import env_from_facts
+    from m3deploy.core.netenv import env_from_facts
 
     return {h: {"env": env_from_facts(v.get("facts") or {})} for h, v in load(cluster).items()}

@@ -1,4 +1,4 @@
-"""Recipes as data: load the layered YAML under m3deploy/recipes/ and resolve it for one worker or frontend.
+"""Recipes as data: load the layered YAML (m3deploy/core/data/layers/) and resolve it for one worker or frontend.
 
 Layer order is the file order (00-base, 10-variants, ... 70-engines), then top to bottom inside a file,
 then the cluster's own overrides (m3_image, m3_extra_env, m3_extra_args, m3_unset_args). Last writer wins,
@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from .errors import M3Error
-from .model import Provenance
+from m3deploy.core import catalog
+from m3deploy.core.errors import M3Error
+from m3deploy.core.model import Provenance
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
 _WHEN_KEYS = {"engine", "serving", "vendor", "generation", "platform", "variant", "parallel", "ep", "dp_mode",
               "multi_host", "features"}
 _LAYER_KEYS = {"name", "when", "target", "image", "docker", "env", "args", "unset", "readiness_timeout_s"}
@@ -81,18 +81,15 @@ class Resolved:
                      for k, (v, layer, src) in self.provenance.items())
 
 
-@functools.lru_cache(maxsize=1)
-def catalog() -> dict:
-    path = RECIPES_DIR / "catalog.yaml"
-    with open(path) as f:
-        return yaml.safe_load(f)
-
-
-@functools.lru_cache(maxsize=1)
 def layers() -> tuple[Layer, ...]:
+    """Every layer, in order (m3deploy.core.catalog.layer_files: the shipped ones and any M3DEPLOY_RECIPES)."""
+    return _layers(tuple(catalog.layer_files()))
+
+
+@functools.lru_cache(maxsize=8)
+def _layers(files: tuple[tuple[str, Path], ...]) -> tuple[Layer, ...]:
     out = []
-    for path in sorted(RECIPES_DIR.glob("[0-9][0-9]-*.yaml")):
-        rel = f"m3deploy/recipes/{path.name}"
+    for rel, path in files:
         with open(path) as f:
             doc = yaml.safe_load(f) or {}
         for i, raw in enumerate(doc.get("layers", [])):

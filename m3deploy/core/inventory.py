@@ -14,9 +14,10 @@ from __future__ import annotations
 import ast
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import M3Error
+from m3deploy.core.errors import M3Error
 
 
 def _exec(path: Path) -> dict[str, Any]:
@@ -136,3 +137,52 @@ def load(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None
         merged.update(override_data or {})
         out.append((name, tuple(host_groups.get(name, [])), merged))
     return out
+
+
+@dataclass(frozen=True)
+class InvHost:
+    """One inventory host as the plan sees it: name, groups, merged data."""
+
+    name: str
+    groups: tuple[str, ...]
+    data: Mapping[str, Any]
+
+
+def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None) -> list[InvHost]:
+    """Load a pyinfra inventory file (with group_data/) as `pyinfra` does (m3deploy.core.inventory)."""
+    path = Path(path)
+    extra = [str(path.resolve().parent.parent / "group_data")]
+    return [InvHost(name=n, groups=g, data=d)
+            for n, g, d in load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
+
+
+def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | None = None,
+                    group_data: Mapping[str, Mapping[str, Any]] | None = None) -> list[InvHost]:
+    """Build inventory hosts from plain data (tests, benchmarks): {"control": [(name, data)], "workers": [...]}."""
+    order: list[str] = []
+    host_groups: dict[str, list[str]] = {}
+    host_data: dict[str, dict] = {}
+    for g, members in groups.items():
+        for m in members:
+            name, data = (m, {}) if isinstance(m, str) else m
+            if name not in host_groups:
+                order.append(name)
+                host_groups[name] = []
+                host_data[name] = {}
+            host_groups[name].append(g)
+            host_data[name].update(data)
+    out = []
+    for name in order:
+        merged: dict[str, Any] = dict(all_data or {})
+        for g in host_groups[name]:
+            merged.update((group_data or {}).get(g, {}))
+        merged.update(host_data[name])
+        out.append(InvHost(name=name, groups=tuple(host_groups[name]), data=merged))
+    return out
+
+
+def cluster_name(hosts: list[InvHost], default: str = "cluster") -> str:
+    for h in hosts:
+        if h.data.get("m3_cluster"):
+            return str(h.data["m3_cluster"])
+    return default

@@ -12,7 +12,7 @@ import secrets as _secrets
 import stat
 from pathlib import Path
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 # name -> what it is. Values: "m3p-" + 32 url-safe chars (a letter first, so config parsers never
 # read it as a number).

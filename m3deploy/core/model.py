@@ -1,7 +1,7 @@
 """The plan's data model: frozen dataclasses, no pyinfra, no I/O.
 
 Everything a role renders or a check verifies is read from these objects.
-`m3deploy.plan.build()` makes them; `ClusterPlan.to_dict()` is what `m3deploy plan --json` prints.
+`m3deploy.core.build.build()` makes them; `ClusterPlan.to_dict()` is what `m3deploy plan --json` prints.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Provenance:
     key: str  # "--block-size", "env:VLLM_ROCM_USE_AITER", "image", "docker:--ipc"
     value: str | None
     layer: str  # "base", "variant:nvfp4", "platform:gb200", "cluster:m3_extra_args", "facts:rdma"
-    source: str  # the file the layer lives in, e.g. "m3deploy/recipes/30-platforms.yaml"
+    source: str  # the file the layer lives in, e.g. "m3deploy/core/data/layers/30-platforms.yaml"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jinja2
 
-from m3deploy.errors import M3Error
-from m3deploy.model import Service
+from m3deploy.core.errors import M3Error
+from m3deploy.core.model import Service
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -79,7 +79,7 @@ def service_env(service: Service, secrets: dict[str, str]) -> str:
     if missing:
         raise M3Error(f"service {service.name} on {service.host} needs secret(s) {missing} that the "
                       "controller's store does not have; run the deploy again so they are generated "
-                      "(m3deploy.secrets.ensure_secrets)")
+                      "(m3deploy.controller.secrets.ensure_secrets)")
     return render("service.env.j2", service=service,
                   secrets=[(k, secrets[s]) for k, s in service.secret_env],
                   dialect="docker" if service.image else "systemd")

@@ -9,7 +9,7 @@ chat_template_kwargs and renders `tools`), generation_config.json.
 The vocabulary MUST have >= 2000 entries: the mocker emits random token ids in 1000..1999; with a
 smaller vocabulary every reply's content is null (docs/DYNAMO.md).
 
-    python -m m3deploy.mockmodel DIR      # build into DIR, print the digest
+    python -m m3deploy.controller.mockmodel DIR      # build into DIR, print the digest
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 VOCAB_SIZE = 4096
 MIN_VOCAB = 2000  # mocker emits ids 1000..1999
@@ -200,7 +200,7 @@ def ensure_model_dir(served_name: str = NAME) -> Path:
 
     Training the tokenizer takes ~0.5 s, so the digest directory is remembered per (served name, this
     generator's source): later runs only read the cached files."""
-    from m3deploy.artifacts import cache_root
+    from m3deploy.controller.artifacts import cache_root
     root = cache_root() / "mock-model"
     key = hashlib.sha256((served_name + "\0" + Path(__file__).read_text()).encode()).hexdigest()[:16]
     pointer = root / f"by-source-{key}"

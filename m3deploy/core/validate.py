@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from . import recipes
-from .plan import DEFAULTS, PARALLEL_RE, InvHost, effective_features, parse_parallel
+from m3deploy.core import catalog, layout, recipes
+from m3deploy.core.inventory import InvHost
+from m3deploy.core.settings import DEFAULTS, PARALLEL_RE, effective_features, parse_parallel
 
 MAX_CONTEXT = 1048576
 
@@ -23,7 +24,7 @@ def _list(values) -> str:
 
 
 def check_inventory(hosts: list[InvHost]) -> list[str]:
-    cat = recipes.catalog()
+    cat = catalog.catalog()
     platforms, variants = cat["platforms"], cat["variants"]
     problems: list[str] = []
     add = problems.append
@@ -164,22 +165,22 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 
     # layout: tensor/data-parallel size vs GPUs per host x hosts
     if size:
-        G = {h.name: int(h.data.get("m3_gpus_per_host") or platforms[plat_of[h.name]]["gpus_per_host"])
-             for h in workers}
+        G = {h.name: layout.gpus_per_host(h.data) for h in workers}
         g = G[ref.name]
+        lay = layout.Layout(size, g)
         if len(set(G.values())) > 1:
             add("key m3_gpus_per_host: workers have different GPU counts ("
                 + "; ".join(f"{n}: {c}" for n, c in G.items()) + "). Fix: one GPU count per cluster")
-        elif size <= g:
-            if g % size:
+        elif not lay.multi_host:
+            if not lay.fits:
                 add(f"key m3_parallel: {mode} does not divide a host's {g} GPUs ({platform}) into whole workers. "
                     f"Fix: use a size that divides {g}")
         else:
-            if size % g:
+            if not lay.fits:
                 add(f"key m3_parallel: {mode} is not a multiple of {g} GPUs per {platform} host. Fix: use "
                     f"{g * max(1, size // g)} or {g * (size // g + 1)}")
             else:
-                span = size // g
+                span = lay.span
                 if len(workers) % span:
                     add(f"group workers: {len(workers)} hosts do not divide into whole {mode} workers of {span} hosts "
                         f"({g} GPUs each). Fix: use a multiple of {span} hosts, or a smaller m3_parallel")
@@ -226,7 +227,7 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 
 
 def check_plan(plan, hosts) -> list[str]:
-    cat = recipes.catalog()
+    cat = catalog.catalog()
     problems: list[str] = []
     add = problems.append
     parsers = cat["model"]["parsers"].get(plan.engine, {})

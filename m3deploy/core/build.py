@@ -1,8 +1,8 @@
 """inventory -> ClusterPlan: every decision about the cluster, made once, in pure Python, from data.
 
 `build(inventory)` reads the pyinfra inventory's `m3_*` data, lays workers out over hosts, resolves the
-recipe layers for each worker rank, and returns frozen dataclasses (m3deploy.model). It validates
-everything first (m3deploy.validate) and raises ValidationError listing every problem at once.
+recipe layers for each worker rank, and returns frozen dataclasses (m3deploy.core.model). It validates
+everything first (m3deploy.core.validate) and raises ValidationError listing every problem at once.
 No pyinfra operations, no I/O besides reading the inventory files.
 """
 from __future__ import annotations
@@ -10,191 +10,82 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import recipes
-from .errors import ValidationError
-from .model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
+from m3deploy.core import catalog, layout, recipes, settings
+from m3deploy.core.errors import ValidationError
+from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
+from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
 
-# Defaults for every optional data key (documented in README "Inventory contract").
-DEFAULTS: dict[str, Any] = {
-    "m3_variant": "bf16",
-    "m3_parallel": "tp8",
-    "m3_engine": "vllm",
-    "m3_serving": "standalone",
-    "m3_features": [],
-    "m3_max_model_len": None,
-    "m3_extra_args": [],
-    "m3_unset_args": [],
-    "m3_extra_env": {},
-    "m3_image": None,
-    "m3_model_id": None,
-    "m3_served_model_name": None,
-    "m3_state": "present",
-    "m3_frontend_port": 8000,
-    "m3_worker_port": 8000,  # standalone engines: first worker's HTTP port on a host (+1 per extra worker)
-    "m3_system_port": 9090,  # Dynamo workers' DYN_SYSTEM_PORT (+1 per worker on a host)
-    "m3_kv_events_port": 5200,  # Dynamo vLLM workers' ZMQ KV-events publisher (+1 per worker on a host)
-    "m3_master_port": 29500,  # multi-host rendezvous (SGLang --dist-init-addr)
-    "m3_dynamo_version": "1.6.1",
-    "m3_venv_root": "/opt/m3",
-    "m3_hf_cache": "/var/lib/m3/hf",
-    "m3_state_dir": "/var/lib/m3",
-    "m3_max_num_seqs": 256,
-    "m3_cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
-    "m3_mocker_startup_time": 0,
-    "m3_mocker_speedup_ratio": 10,
-    "m3_readiness_timeout_s": None,
-    "m3_gpus_per_host": None,
-    "m3_gpu_memory_gb": None,  # per-GPU memory override (e.g. the 141 GB H20 variant)
-    "m3_auth": True,  # etcd and NATS authentication (passwords generated once on the controller)
-    "m3_nats_max_payload": 33554432,  # long prompts time out below it (Dynamo issue 9734)
-    "m3_keep_caches": False,  # teardown keeps the venv, wheelhouse, mock model and weights
-}
-CLUSTER_KEYS = ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
-                "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
-                "m3_served_model_name", "m3_dynamo_version", "m3_state", "m3_auth", "m3_nats_max_payload",
-                "m3_keep_caches")
-PARALLEL_RE = re.compile(r"^(tp|dp)(\d+)(-ep)?$")
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
-# Passwords live in the controller's 0600 secrets store (m3deploy.secrets); roles write them only into the
+# Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
 # services' 0600 env files. Dynamo 1.6.1 reads ETCD_AUTH_* / NATS_AUTH_* (docs/DYNAMO.md).
 AUTH_USER = "m3"
 DYN_SECRET_ENV = (("ETCD_AUTH_PASSWORD", "etcd-password"), ("NATS_AUTH_PASSWORD", "nats-password"))
 
 
-@dataclass(frozen=True)
-class InvHost:
-    """One inventory host as the plan sees it: name, groups, merged data."""
-
-    name: str
-    groups: tuple[str, ...]
-    data: Mapping[str, Any]
-
-
 # ---------------------------------------------------------------------------------------------- inventory
-def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None) -> list[InvHost]:
-    """Load a pyinfra inventory file (with group_data/) as `pyinfra` does (m3deploy.inventory)."""
-    from . import inventory
-
-    path = Path(path)
-    extra = [str(path.resolve().parent.parent / "group_data")]
-    return [InvHost(name=n, groups=g, data=d)
-            for n, g, d in inventory.load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
-
-
-def plan_host_name(name: str) -> str:
-    """A pyinfra host name as the plan knows it: `@fake/<name>` (the @fake connector) is `<name>`."""
-    return name[len("@fake/"):] if name.startswith("@fake/") else name
-
-
-def hosts_from_pyinfra(inv) -> list[InvHost]:
-    out = []
-    for h in inv:
-        groups = tuple(g.name if hasattr(g, "name") else str(g) for g in getattr(h, "groups", ()))
-        out.append(InvHost(name=plan_host_name(h.name), groups=groups, data=h.data.dict()))
-    return out
-
-
-def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | None = None,
-                    group_data: Mapping[str, Mapping[str, Any]] | None = None) -> list[InvHost]:
-    """Build inventory hosts from plain data (tests, benchmarks): {"control": [(name, data)], "workers": [...]}."""
-    order: list[str] = []
-    host_groups: dict[str, list[str]] = {}
-    host_data: dict[str, dict] = {}
-    for g, members in groups.items():
-        for m in members:
-            name, data = (m, {}) if isinstance(m, str) else m
-            if name not in host_groups:
-                order.append(name)
-                host_groups[name] = []
-                host_data[name] = {}
-            host_groups[name].append(g)
-            host_data[name].update(data)
-    out = []
-    for name in order:
-        merged: dict[str, Any] = dict(all_data or {})
-        for g in host_groups[name]:
-            merged.update((group_data or {}).get(g, {}))
-        merged.update(host_data[name])
-        out.append(InvHost(name=name, groups=tuple(host_groups[name]), data=merged))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- settings
-def cluster_name(hosts: list[InvHost], default: str = "cluster") -> str:
-    for h in hosts:
-        if h.data.get("m3_cluster"):
-            return str(h.data["m3_cluster"])
-    return default
-
-
-def _get(h: InvHost, key: str):
-    v = h.data.get(key)
-    return DEFAULTS.get(key) if v is None else v
-
-
-def parse_parallel(mode: str) -> tuple[str, int, bool]:
-    m = PARALLEL_RE.match(str(mode))
-    if not m:
-        raise ValueError(mode)
-    return m.group(1), int(m.group(2)), bool(m.group(3))
-
-
-def effective_features(features) -> tuple[str, ...]:
-    """Defaults (tool-calling, reasoning) plus the user's list; `no-X` removes X. Sorted, unique."""
-    cat = recipes.catalog()
-    feats = list(cat["default_features"])
-    for f in features or ():
-        f = str(f)
-        if f.startswith("no-"):
-            feats = [x for x in feats if x != f[3:]]
-        elif f not in feats:
-            feats.append(f)
-    return tuple(feats)
-
-
 # ---------------------------------------------------------------------------------------------- build
 def build(hosts, name: str | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterPlan:
-    """Validate and build the plan. `hosts`: a list of InvHost, a pyinfra Inventory, or an inventory path."""
-    from . import validate
+    """Validate and build the plan. `hosts`: a list of InvHost (m3deploy.core.inventory) or an inventory path."""
+    from m3deploy.core import validate
 
     if isinstance(hosts, (str, os.PathLike)):
         path = Path(hosts)
         hosts = load_inventory(path)
         name = name or path.stem
-    elif not isinstance(hosts, list):
-        hosts = hosts_from_pyinfra(hosts)
     name = cluster_name(hosts, name or "cluster")
     problems = validate.check_inventory(hosts)
     if problems:
         raise ValidationError(problems)
-    plan = _build(hosts, name, facts or {})
+    plan = _build(hosts, name)
     problems = validate.check_plan(plan, hosts)
     if problems:
         raise ValidationError(problems)
+    if facts:
+        plan = replace(plan, hosts=tuple(with_fact_env(plan, h, (facts.get(h.name) or {}).get("env") or {})
+                                         for h in plan.hosts))
     return plan
 
 
-def _platform_info(platform: str) -> dict:
-    return recipes.catalog()["platforms"][platform]
+def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> HostPlan:
+    """`hp` with a host's networking env from its facts (m3deploy.core.netenv) added to each multi-host worker
+    rank, wherever neither the recipe, the user (m3_interface, m3_rdma_env, m3_extra_env) nor the plan set it
+    (provenance "facts"). Overlaid onto the built plan: per-host facts never rebuild it."""
+    if not env or plan.engine == "mocker":
+        return hp
+    services = []
+    for svc in hp.services:
+        have = dict(svc.env)
+        add = {k: str(v) for k, v in env.items() if svc.kind == "worker" and svc.nnodes > 1 and k not in have}
+        if not add:
+            services.append(svc)
+            continue
+        # provenance as if the plan had set it: a key a layer removed keeps its place, others go before the
+        # multi-host flags (the plan's order: recipe, cluster, plan env, facts, multi-host)
+        fact = {f"env:{k}": Provenance(f"env:{k}", v, "facts", f"facts of {hp.name}") for k, v in add.items()}
+        prov = [fact.pop(p.key) if p.key in fact else p for p in svc.provenance]
+        at = next((i for i, p in enumerate(prov) if p.layer == "plan:multi-host"), len(prov))
+        services.append(replace(svc, env=svc.env + tuple(add.items()),
+                                provenance=tuple(prov[:at] + list(fact.values()) + prov[at:])))
+    return replace(hp, services=tuple(services))
 
 
-def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any]]) -> ClusterPlan:
-    cat = recipes.catalog()
+def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
+    cat = catalog.catalog()
     control = [h for h in hosts if "control" in h.groups]
     workers = [h for h in hosts if "workers" in h.groups]
     ref = workers[0] if workers else hosts[0]
-    s = {k: _get(ref, k) for k in DEFAULTS}
+    s = {k: settings.get(ref.data, k) for k in settings.DEFAULTS}
     variant, engine, serving = s["m3_variant"], s["m3_engine"], s["m3_serving"]
-    features = effective_features(s["m3_features"])
-    mode, size, ep = parse_parallel(s["m3_parallel"])
+    features = settings.effective_features(s["m3_features"])
+    mode, size, ep = settings.parse_parallel(s["m3_parallel"])
     model_id = s["m3_model_id"] or cat["variants"][variant]["model_id"]
     served = s["m3_served_model_name"] or model_id
-    platform = _get(ref, "m3_platform") or ""
+    platform = settings.get(ref.data, "m3_platform") or ""
     state_dir = s["m3_state_dir"]
     venv = f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}"
     model_dir = f"{state_dir}/models/mock-minimax-m3" if engine == "mocker" else s["m3_hf_cache"]
@@ -210,18 +101,15 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
         services[c0.name] += _control_services(c0.name, a, state_dir, bool(s["m3_auth"]))
 
     # Workers: lay engine instances over hosts.
-    gpus_per_host = {h.name: int(_get(h, "m3_gpus_per_host") or _platform_info(_get(h, "m3_platform"))["gpus_per_host"])
-                     for h in workers}
-    G = gpus_per_host[ref.name] if workers else 1
-    span = max(1, size // G) if size > G else 1
-    per_host = max(1, G // size) if size <= G else 1
+    gpus_per_host = {h.name: layout.gpus_per_host(h.data) for h in workers}
+    lay = layout.Layout(size, gpus_per_host[ref.name] if workers else 1)
+    span = lay.span
     worker_plans: list[WorkerPlan] = []
     slot_count: dict[str, int] = {h.name: 0 for h in hosts}
     widx = 0
-    for start in range(0, len(workers) - span + 1, span):
-        group = workers[start:start + span]
-        for k in range(per_host):
-            devices = tuple(range(k * size, (k + 1) * size)) if span == 1 else tuple(range(G))
+    for group in lay.groups(workers):
+        for k in range(lay.per_host):
+            devices = lay.devices(k)
             svc_names = []
             rank0 = group[0]
             for rank, h in enumerate(group):
@@ -231,7 +119,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
                     idx=widx, rank=rank, nnodes=span, slot=slot, host=h, address=addr[h.name],
                     master=addr[rank0.name], rank0_host=rank0.name, devices=devices, s=s, mode=mode, size=size,
                     ep=ep, features=features, model_id=model_id, served=served, etcd=etcd_url, nats=nats_url,
-                    venv=venv, model_dir=model_dir, home=home, facts=facts.get(h.name, {}))
+                    venv=venv, model_dir=model_dir, home=home)
                 services[h.name].append(svc)
                 svc_names.append(f"{h.name}/{svc.name}")
             worker_plans.append(WorkerPlan(index=widx, hosts=tuple(g.name for g in group),
@@ -261,8 +149,8 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
     host_plans = []
     for h in hosts:
         is_worker = "workers" in h.groups
-        plat = str(_get(h, "m3_platform") or "") if is_worker else ""
-        info = _platform_info(plat) if plat else {}
+        plat = str(settings.get(h.data, "m3_platform") or "") if is_worker else ""
+        info = catalog.platform(plat) if plat else {}
         vendor = info.get("vendor", "")
         gpus = gpus_per_host.get(h.name, 0) if is_worker and vendor in ("nvidia", "amd") else 0
         data = tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_")))
@@ -278,7 +166,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
             needs_rdma=bool(is_worker and span > 1 and gpus),
             services=tuple(services[h.name]), data=data))
 
-    settings = tuple(sorted((k, _jsonable(s[k])) for k in CLUSTER_KEYS if k in s)) + (
+    recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s)) + (
         ("m3_features_effective", list(features)),)
     return ClusterPlan(
         name=name, platform=platform, variant=variant, parallel=str(s["m3_parallel"]), engine=engine,
@@ -286,7 +174,7 @@ def _build(hosts: list[InvHost], name: str, facts: Mapping[str, Mapping[str, Any
         max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]), hosts=tuple(host_plans),
         workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=etcd_url, nats_server=nats_url,
         dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
-        venv=venv if serving == "dynamo" else "", model_dir=model_dir, settings=tuple(settings))
+        venv=venv if serving == "dynamo" else "", model_dir=model_dir, settings=recorded)
 
 
 def _jsonable(v):
@@ -294,8 +182,6 @@ def _jsonable(v):
 
 
 def _with_after(svc: Service, after: tuple[str, ...]) -> Service:
-    from dataclasses import replace
-
     return replace(svc, after=tuple(dict.fromkeys(svc.after + after)))
 
 
@@ -345,7 +231,7 @@ def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats:
         env[k] = v
     env["HF_HUB_OFFLINE"] = "1"  # hosts are air-gapped: nothing is fetched from a hub at run time
     argv = (f"{venv}/bin/python", "-m", "dynamo.frontend", *r.argv())
-    prov = r.provenance_records() + tuple(Provenance(f"env:{k}", v, "plan:dynamo", "m3deploy/plan.py")
+    prov = r.provenance_records() + tuple(Provenance(f"env:{k}", v, "plan:dynamo", "m3deploy/core/build.py")
                                           for k, v in env.items() if f"env:{k}" not in r.provenance)
     port = int(s["m3_frontend_port"])
     return Service(
@@ -358,9 +244,9 @@ def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats:
 
 
 def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, rank0_host, devices, s, mode, size,
-                    ep, features, model_id, served, etcd, nats, venv, model_dir, home, facts) -> Service:
-    platform = str(_get(host, "m3_platform"))
-    info = _platform_info(platform)
+                    ep, features, model_id, served, etcd, nats, venv, model_dir, home) -> Service:
+    platform = str(settings.get(host.data, "m3_platform"))
+    info = catalog.platform(platform)
     engine, serving = s["m3_engine"], s["m3_serving"]
     kv_port = int(s["m3_kv_events_port"]) + slot
     sys_port = int(s["m3_system_port"]) + slot
@@ -375,7 +261,7 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         "max_num_seqs": s["m3_max_num_seqs"], "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
     }
     r = recipes.resolve(ctx, target="worker")
-    CL, PL = "cluster", "m3deploy/plan.py"
+    CL, PL = "cluster", "m3deploy/core/build.py"
     src = f"group_data ({host.name})"
     # cluster overrides: the last layer
     if s["m3_image"]:
@@ -422,17 +308,11 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         if nnodes > 1 and host.data.get("m3_interface"):
             plan_env += [("NCCL_SOCKET_IFNAME", str(host.data["m3_interface"])),
                          ("GLOO_SOCKET_IFNAME", str(host.data["m3_interface"]))]
-        if info["vendor"] == "amd" and len(devices) < int(_get(host, "m3_gpus_per_host") or info["gpus_per_host"]):
+        if info["vendor"] == "amd" and len(devices) < layout.gpus_per_host(host.data):
             plan_env.append(("HIP_VISIBLE_DEVICES", ",".join(map(str, devices))))
     for k, v in plan_env:
         if k not in r.env:
             r.set_env(k, v, "plan", PL)
-    # multi-host workers: networking env from the host's facts where neither the recipe, the user
-    # (m3_interface, m3_rdma_env, m3_extra_env) nor the plan set it
-    if nnodes > 1 and engine != "mocker":
-        for k, v in (facts.get("env") or {}).items():
-            if k not in r.env:
-                r.set_env(k, v, "facts", f"facts of {host.name}")
     # multi-host ranks: rank 0 first; ranks > 0 headless and only process-alive readiness
     multi: list[tuple[str, str | None]] = []
     if nnodes > 1:
@@ -479,7 +359,7 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     if image:
         docker = list(r.docker)
         if info["vendor"] == "nvidia":
-            gpus_total = int(_get(host, "m3_gpus_per_host") or info["gpus_per_host"])
+            gpus_total = layout.gpus_per_host(host.data)
             sel = "all" if len(devices) >= gpus_total else '"device=' + ",".join(map(str, devices)) + '"'
             docker += ["--gpus", sel]
         docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]

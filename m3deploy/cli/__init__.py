@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .errors import M3Error, ValidationError
+from m3deploy.core.errors import M3Error, ValidationError
 
 
 def _parse_data(items) -> dict:
@@ -25,16 +25,17 @@ def _parse_data(items) -> dict:
 
 def load_plan(inventory: str, data=(), facts: bool = True):
     """Build the plan; with `facts`, complete multi-host networking env from the facts `m3deploy preflight`
-    last saved for this cluster (m3deploy.factcache)."""
+    last saved for this cluster (m3deploy.controller.factcache)."""
     from pathlib import Path
 
-    from . import factcache
-    from . import plan as planmod
+    from m3deploy.controller import factcache
+    from m3deploy.core.build import build
+    from m3deploy.core.inventory import cluster_name, load_inventory
 
-    hosts = planmod.load_inventory(inventory, override_data=_parse_data(data))
-    name = planmod.cluster_name(hosts, Path(inventory).stem)
+    hosts = load_inventory(inventory, override_data=_parse_data(data))
+    name = cluster_name(hosts, Path(inventory).stem)
     cached = factcache.network_facts(name) if facts and factcache.path(name).exists() else {}
-    return planmod.build(hosts, name=name, facts=cached)
+    return build(hosts, name=name, facts=cached)
 
 
 def fail(e: Exception) -> None:
@@ -51,8 +52,8 @@ class LazyGroup(click.Group):
     """Subcommands living in their own modules are imported only when used (they import pyinfra, which
     costs ~0.3 s; `m3deploy plan` must stay fast)."""
 
-    lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.preflight:preflight",
-            "verify": "m3deploy.verify:verify", "save-images": "m3deploy.images:save_images"}
+    lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.cli.preflight:preflight",
+            "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -177,6 +178,3 @@ def validate(inventory, data):
     n = sum(len(h.services) for h in p.hosts)
     click.echo(f"{inventory}: valid ({len(p.hosts)} hosts, {len(p.workers)} workers, {n} services)")
 
-
-if __name__ == "__main__":
-    main()

@@ -24,8 +24,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from .model import ClusterPlan
-from .verify import (Check, CheckFailed, Context, frontend, generate_requests, instance_services,
+from m3deploy.core.model import ClusterPlan
+from m3deploy.check.checks import (Check, CheckFailed, Context, frontend, generate_requests, instance_services,
                      metrics_url, worker_id_hex)
 
 WORKER_ID = {"nvext": {"extra_fields": ["worker_id"]}}

@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
-from m3deploy.errors import M3Error
-from m3deploy.model import Readiness
+from m3deploy.core.errors import M3Error
+from m3deploy.core.model import Readiness
 
 
 class NotReady(M3Error):

@@ -4,9 +4,8 @@
 - `env_from_facts(facts) -> dict`: NCCL/GLOO socket interface and RDMA HCAs derived from facts, for
   the plan to use where the user set none (the lead records them with provenance "facts").
 - `nccl_command(...)` / `parse_nccl_output(...)`: the opt-in NCCL all-reduce check (`--nccl`).
-- `preflight`: the click command `m3deploy preflight INVENTORY [--host H] [--json] [--nccl]`.
-  It connects with pyinfra (SSH, `@local`, ...), gathers facts, changes nothing, prints a table per
-  host and exits 1 if any check failed.
+- `run_preflight(...)`: connects with pyinfra (SSH, `@local`, ...), gathers facts, changes nothing; the
+  command `m3deploy preflight` (m3deploy.cli.preflight) prints its table per host.
 """
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
-from .model import HostPlan
+from m3deploy.core.model import HostPlan
+from m3deploy.core import inventory
 
 NVIDIA_MIN_BRANCH = 580
 ROCM_MIN = (7, 2)
@@ -32,7 +30,7 @@ NCCL_PASSTHROUGH_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", 
                         "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")
 
 
-from .netenv import env_from_facts  # noqa: E402,F401  (public here too)
+from m3deploy.core.netenv import env_from_facts  # noqa: E402,F401  (public here too)
 
 
 @dataclass(frozen=True)
@@ -285,7 +283,7 @@ def run_nccl_check(host, hp: HostPlan, min_busbw_gbps: float = 0.0, timeout: int
 # --------------------------------------------------------------------------------------------
 
 def _pyinfra_inventory(path: str):
-    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.plan does."""
+    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.build does."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -300,10 +298,10 @@ def _pyinfra_inventory(path: str):
 
 
 def load_plan(inventory_path: str):
-    """(pyinfra Inventory, ClusterPlan) for an inventory file; the plan comes from m3deploy.plan."""
-    from . import plan as plan_mod
+    """(pyinfra Inventory, ClusterPlan) for an inventory file; the plan comes from m3deploy.core.build."""
+    from m3deploy.core import build as plan_mod
 
-    hosts = plan_mod.load_inventory(inventory_path)
+    hosts = inventory.load_inventory(inventory_path)
     cluster = plan_mod.build(hosts, name=Path(inventory_path).stem)
     return _pyinfra_inventory(inventory_path), cluster
 
@@ -313,7 +311,7 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all, disconnect_all
 
-    from .facts import gather_facts
+    from m3deploy.facts import gather_facts
 
     config = Config()
     state = State(inventory, config, check_for_changes=False)
@@ -321,7 +319,7 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
         known = {h.name for h in inventory}
         missing = [h for h in hosts if h not in known]
         if missing:
-            from .errors import M3Error
+            from m3deploy.core.errors import M3Error
 
             raise M3Error(f"--host {', '.join(missing)}: not in the inventory (hosts: {', '.join(sorted(known))})")
         state.limit_hosts = [h for h in inventory if h.name in hosts]
@@ -347,7 +345,7 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
             report[host.name] = {"plan": hp, "facts": facts, "checks": checks}
     finally:
         disconnect_all(state)
-    from . import factcache
+    from m3deploy.controller import factcache
 
     factcache.save(cluster.name, {h: r["facts"] for h, r in report.items() if r["facts"]})
     return report
@@ -377,28 +375,3 @@ def report_json(report: dict[str, dict]) -> dict[str, Any]:
     return {name: {"ok": all(c.ok for c in r["checks"]), "checks": [asdict(c) for c in r["checks"]],
                    "facts": r["facts"], "env_from_facts": env_from_facts(r["facts"]) if r["facts"] else {}}
             for name, r in report.items()}
-
-
-@click.command("preflight")
-@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only this inventory host (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print checks and facts as JSON.")
-@click.option("--nccl", is_flag=True, help="Also run a short NCCL all-reduce across each GPU host's GPUs.")
-def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool) -> None:
-    """Gather facts from every host and check them against the plan. Changes nothing."""
-    from .errors import M3Error
-
-    try:
-        inv, cluster = load_plan(inventory)
-        report = run_preflight(inv, cluster, hosts, nccl)
-    except M3Error as e:
-        raise click.ClickException(str(e)) from e
-    if as_json:
-        click.echo(json.dumps(report_json(report), indent=2, sort_keys=True))
-    else:
-        render_report(report)
-    failed = [n for n, r in report.items() if not all(c.ok for c in r["checks"])]
-    if failed:
-        if not as_json:
-            click.echo(f"preflight failed on: {', '.join(failed)}", err=True)
-        raise SystemExit(1)

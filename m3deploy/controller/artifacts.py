@@ -28,7 +28,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from m3deploy.errors import M3Error
+from m3deploy.core.errors import M3Error
 
 MANIFEST = "SHA256SUMS"
 REQS_FILE = "REQUIREMENTS"  # the top-level requirements installed on hosts (one per line)
@@ -299,7 +299,7 @@ def install_commands(version: str, wheelhouse: str, venv: str, python: str = "py
     ]
 
 
-def main(argv: list[str] | None = None) -> int:  # python -m m3deploy.artifacts [VERSION]
+def main(argv: list[str] | None = None) -> int:  # python -m m3deploy.controller.artifacts [VERSION]
     version = (argv or sys.argv[1:] or ["1.6.1"])[0]
     path = ensure_wheelhouse(version, log=lambda m: print(m, file=sys.stderr))
     sums = read_manifest(path)

@@ -10,9 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
-
-from .errors import M3Error
+from m3deploy.core.errors import M3Error
 
 
 def image_archive_name(image: str) -> str:
@@ -45,24 +43,3 @@ def save(images: list[str], directory: Path, force: bool = False, log=print) -> 
         Path(str(tar) + ".part").replace(tar)
         out.append(tar)
     return out
-
-
-@click.command("save-images")
-@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--force", is_flag=True, help="Save again even if the archive exists.")
-def save_images(inventory, directory, force):
-    """Pull and `docker save` every image the plan runs into DIRECTORY, for air-gapped hosts."""
-    from .cli import fail, load_plan
-
-    try:
-        plan = load_plan(inventory)
-        images = images_to_save(plan)
-        if not images:
-            click.echo(f"{inventory}: the plan runs no container image (nothing to save)")
-            return
-        save(images, Path(directory), force=force, log=click.echo)
-    except M3Error as e:
-        fail(e)
-    click.echo(f"saved {len(images)} image(s) to {directory}. Deploy with:\n  pyinfra -y {inventory} deploy.py "
-               f"--data m3_image_archive_dir={Path(directory).resolve()}", file=sys.stdout)

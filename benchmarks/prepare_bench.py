@@ -1,0 +1,113 @@
+"""Benchmark: prepare time of an `@fake` deploy of N GB200 trays (NVL72 racks of 18) plus one control host.
+
+Runs deploy.py the way `pyinfra -y INVENTORY deploy.py` loads it (tests/deploy/conftest.py run_deploy_file:
+pyinfra's load_deploy_file, every host's copy in pyinfra's greenlet pool) on `@fake/<name>` hosts with the
+deploy tests' fact values (provisioned trays), and times connect + deploy.py (plan, every role's operations)
++ reading every operation's commands. Nothing runs on a host. The plan must be built once per deploy, so the
+time should grow linearly with the number of hosts.
+
+    python benchmarks/prepare_bench.py [--trays 72 144 288] [--runs 3] [--out benchmarks/results/prepare-DATE.md]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CLUSTER = {"m3_platform": "gb200", "m3_variant": "nvfp4", "m3_parallel": "tp8", "m3_engine": "vllm",
+           "m3_serving": "dynamo", "m3_features": ["eagle3-gqa", "text-only"]}
+
+
+def cluster_hosts(trays: int):
+    """{"control": [...], "workers": [...]} for `trays` GB200 trays, 18 per rack, TP8 over pairs of trays."""
+    workers = [(f"r{1 + i // 18:02d}-t{1 + i % 18:02d}",
+                {"ssh_hostname": f"10.100.{1 + i // 18}.{11 + i % 18}", "m3_address": f"10.100.{1 + i // 18}.{11 + i % 18}",
+                 "m3_interface": "enP5p9s0", "m3_rack": 1 + i // 18, "m3_tray": 1 + i % 18, **CLUSTER})
+               for i in range(trays)]
+    control = [("ctl-01", {"ssh_hostname": "10.100.0.10", "m3_address": "10.100.0.10", **CLUSTER})]
+    return {"control": control, "workers": workers}
+
+
+def setup_controller(tmp: Path):
+    """The controller's caches under tmp, with a complete (tiny) wheelhouse: as tests/deploy does."""
+    os.environ["M3DEPLOY_CONFIG"] = str(tmp / "config")
+    os.environ["M3DEPLOY_CACHE"] = str(tmp / "cache")
+    from tests.deploy.test_deploy_py import HF_TOKEN, controller  # noqa: F401 (same fixture data)
+    os.environ["HF_TOKEN"] = HF_TOKEN
+    import pytest
+    mp = pytest.MonkeyPatch()
+    gen = controller.__wrapped__(tmp, mp, None) if hasattr(controller, "__wrapped__") else None
+    if gen is None:  # pytest keeps the fixture function under _get_wrapped_function / __pytest_wrapped__
+        fn = getattr(controller, "__pytest_wrapped__", None)
+        gen = (fn.obj if fn else controller)(tmp, mp, None)
+    next(gen)
+    return mp
+
+
+def prepare(trays: int) -> tuple[float, int]:
+    from pyinfra.facts.server import Os, Which
+
+    from m3deploy.core.build import build
+    from m3deploy.core.inventory import hosts_from_dict
+    from tests.deploy import test_deploy_py as T
+    from tests.deploy.conftest import run_deploy_file
+
+    groups_in = cluster_hosts(trays)
+    hosts = hosts_from_dict(groups_in)
+    plan = build(hosts, name="bench")
+    groups = {"control": [n for n, _ in groups_in["control"]], "workers": [n for n, _ in groups_in["workers"]],
+              "bench": [h.name for h in hosts]}
+    spec = {}
+    for h in hosts:
+        hp = plan.host(h.name)
+        fn = {"nvidia": T.nvidia_facts, "amd": T.amd_facts}.get(hp.gpu_vendor, T.control_facts)
+        spec[h.name] = {"data": dict(h.data),
+                        "facts": {Os: "Linux", Which: lambda command: f"/usr/sbin/{command}", **fn(hp, plan)}}
+    t = time.perf_counter()
+    run = run_deploy_file(spec, groups)
+    took = time.perf_counter() - t
+    return took, sum(len(ops) for ops in run.ops_by_host.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trays", type=int, nargs="+", default=[72, 144, 288])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=f"benchmarks/results/prepare-{datetime.date.today()}.md")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        setup_controller(Path(tmp))
+        rows = []
+        for n in args.trays:
+            times, ops = [], 0
+            for _ in range(args.runs):
+                took, ops = prepare(n)
+                times.append(took)
+            rows.append((n, min(times), statistics.median(times), ops))
+            print(rows[-1], flush=True)
+    lines = [f"## {args.label or 'prepare'}: `python benchmarks/prepare_bench.py --trays "
+             f"{' '.join(map(str, args.trays))} --runs {args.runs}` ({datetime.date.today()})", "",
+             f"Machine: {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}.", "",
+             "| GB200 trays (+1 control) | best | median | ops (all hosts) | per tray (median) |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {b:.2f} s | {m:.2f} s | {ops} | {1000 * m / n:.1f} ms |" for n, b, m, ops in rows]
+    text = "\n".join(lines) + "\n"
+    out = ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

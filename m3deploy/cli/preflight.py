@@ -1,0 +1,33 @@
+"""`m3deploy preflight INVENTORY [--host H] [--json] [--nccl]`: facts vs plan, changing nothing; exit 1 if any
+check failed."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from m3deploy.check.preflight import load_plan, render_report, report_json, run_preflight
+from m3deploy.core.errors import M3Error
+
+
+@click.command("preflight")
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", "hosts", multiple=True, help="Only this inventory host (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print checks and facts as JSON.")
+@click.option("--nccl", is_flag=True, help="Also run a short NCCL all-reduce across each GPU host's GPUs.")
+def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool) -> None:
+    """Gather facts from every host and check them against the plan. Changes nothing."""
+    try:
+        inv, cluster = load_plan(inventory)
+        report = run_preflight(inv, cluster, hosts, nccl)
+    except M3Error as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(report_json(report), indent=2, sort_keys=True))
+    else:
+        render_report(report)
+    failed = [n for n, r in report.items() if not all(c.ok for c in r["checks"])]
+    if failed:
+        if not as_json:
+            click.echo(f"preflight failed on: {', '.join(failed)}", err=True)
+        raise SystemExit(1)

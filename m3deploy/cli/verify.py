@@ -1,0 +1,63 @@
+"""`m3deploy verify INVENTORY [--host H] [--skip-smoke] [--report FILE] [--json]`: the deployed cluster vs its plan."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from m3deploy.check import verify as V
+from m3deploy.cli import _parse_data, fail
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory as inventory_mod
+from m3deploy.core.errors import M3Error
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--host", "only_host", help="Only this host's units, ports, files and health (smoke still runs).")
+@click.option("--skip-smoke", is_flag=True, help="No requests through the frontend.")
+@click.option("--report", "report", type=click.Path(dir_okay=False), help="Also write the report to FILE "
+              "(JSON with --json, else text).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results (JSON) instead of the table.")
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def verify(inventory, only_host, skip_smoke, report, as_json, data):
+    """Check a deployed cluster against its plan: units, ports, file modes, health, smoke requests.
+
+    Exit status: 0 when every check passed, 1 when any failed, 2 when the plan cannot be built."""
+    from rich.console import Console
+
+    try:
+        inv = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
+        plan = planmod.build(inv, name=Path(inventory).stem)
+        checks = V.all_checks(plan, inv, only_host, smoke=not skip_smoke)
+    except M3Error as e:
+        fail(e)
+        return
+    ctx = V.Context(plan, inv)
+    t0 = time.monotonic()
+    try:
+        results = V.run_checks(checks, ctx)
+    finally:
+        ctx.close()
+    took = time.monotonic() - t0
+    notes = V.plan_notes(plan, not skip_smoke, only_host)
+    doc = V.to_json(plan, results, took, notes)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        con = Console()
+        if not con.is_terminal:
+            con = Console(width=160)
+        V.print_report(results, con, title=f"m3deploy verify {plan.name} ({plan.endpoint})", seconds=took,
+                     notes=notes)
+    if report:
+        with open(report, "w") as f:
+            if as_json:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+            else:
+                f.write(V.render_text(results, title=f"m3deploy verify {plan.name} ({plan.endpoint})", seconds=took,
+                                    notes=notes))
+    raise SystemExit(0 if doc["ok"] else 1)

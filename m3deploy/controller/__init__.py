@@ -1,0 +1,1 @@
+"""What runs on the controller: secrets, wheelhouses, the mock model, image archives, the preflight fact cache."""

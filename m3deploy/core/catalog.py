@@ -1,0 +1,91 @@
+"""The catalog: what m3deploy knows about the model, its variants and the platforms (data/catalog.yaml), and
+where the recipe data lives.
+
+Every platform fact has its owner here: GPU vendor, count and memory, arch, fabric (what `fabric:` runs:
+fabric manager on HGX, IMEX on NVL72), the vendor's driver branch or ROCm minimum and the supported OSes. The
+plan, validation, preflight and the roles read them through this module, never restate them.
+
+Extra recipe data (a new platform, a site's own layers) comes from directories named in the environment
+variable M3DEPLOY_RECIPES (os.pathsep-separated), each laid out like data/: an optional `catalog.yaml`
+(merged over the shipped one: mappings key by key, lists extended) and `layers/NN-*.yaml` (sorted by file
+name together with the shipped layers). docs/ARCHITECTURE.md "Adding a platform" shows it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+EXTRA_ENV = "M3DEPLOY_RECIPES"
+
+
+def data_dirs() -> tuple[Path, ...]:
+    """The shipped data directory, then any named in M3DEPLOY_RECIPES."""
+    extra = [Path(p) for p in os.environ.get(EXTRA_ENV, "").split(os.pathsep) if p]
+    return (DATA_DIR, *extra)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(base[k], v) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(over, list):
+        return base + [v for v in over if v not in base]
+    return over
+
+
+@functools.lru_cache(maxsize=8)
+def _load(name: str, dirs: tuple[Path, ...]) -> dict:
+    out: dict = {}
+    for d in dirs:
+        path = d / name
+        if path.exists():
+            with open(path) as f:
+                out = _merge(out, yaml.safe_load(f) or {})
+    return out
+
+
+def catalog() -> dict:
+    """data/catalog.yaml (with any M3DEPLOY_RECIPES catalog.yaml merged over it)."""
+    return _load("catalog.yaml", data_dirs())
+
+
+def engines() -> dict:
+    """data/engines.yaml: per engine and serving mode, the launch command, flag names and multi-host rules."""
+    return _load("engines.yaml", data_dirs())
+
+
+def layer_files() -> list[tuple[str, Path]]:
+    """(source name, path) of every layer file, in layer order (file name, shipped first on a tie)."""
+    files = []
+    for i, d in enumerate(data_dirs()):
+        for path in (d / "layers").glob("[0-9][0-9]-*.yaml"):
+            src = f"m3deploy/core/data/layers/{path.name}" if d == DATA_DIR else str(path)
+            files.append((path.name, i, src, path))
+    return [(src, path) for _, _, src, path in sorted(files)]
+
+
+def platform(name: str) -> dict:
+    return catalog()["platforms"][name]
+
+
+def vendor(name: str) -> dict:
+    """The vendor's driver facts (vendors: in catalog.yaml): nvidia driver_branch/driver_flavor, amd rocm."""
+    return catalog()["vendors"].get(name, {})
+
+
+def fabric_services(platform_name: str) -> tuple[str, ...]:
+    """The services a platform's GPU fabric needs on its hosts (nvidia-fabricmanager, nvidia-imex)."""
+    fabric = platform(platform_name).get("fabric")
+    return tuple(catalog()["fabrics"].get(fabric, ())) if fabric else ()
+
+
+def supported_os() -> set[tuple[str, str]]:
+    """The OSes GPU hosts are supported on: {("ubuntu", "24.04"), ...}."""
+    return {tuple(str(x).split(" ", 1)) for x in catalog()["supported_os"]}

@@ -1,0 +1,79 @@
+"""The plan inside a pyinfra run: built once per run from pyinfra's inventory, then read by every role.
+
+Roles call `host_plan()` (the current host's part) or `cluster_plan()`; nothing else decides anything.
+"""
+from __future__ import annotations
+
+import click
+from pyinfra import host, state
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra_cli.exceptions import CliError
+
+from m3deploy.core import build as planmod
+from m3deploy.core.inventory import InvHost
+from m3deploy.core.model import ClusterPlan, HostPlan
+
+_CACHE_ATTR = "_m3deploy_plan"
+
+
+class InvalidPlan(CliError, PyinfraError):
+    """Raised by deploy.py. pyinfra's CLI passes its own (CliError) exceptions through unwrapped and click exits
+    with their exit_code; PyinfraError makes pyinfra's per-host loader and exec_file re-raise it as is."""
+
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"--> {click.style('m3deploy', 'red', bold=True)}: {self.message}", err=True)
+
+
+def plan_name(pyinfra_host) -> str:
+    """The plan's name for a pyinfra host: its inventory name."""
+    return pyinfra_host.name
+
+
+def hosts_from_pyinfra(inv) -> list[InvHost]:
+    """pyinfra's Inventory as the plan reads it: name, groups, merged data per host."""
+    out = []
+    for h in inv:
+        groups = tuple(g.name if hasattr(g, "name") else str(g) for g in getattr(h, "groups", ()))
+        out.append(InvHost(name=plan_name(h), groups=groups, data=h.data.dict()))
+    return out
+
+
+def _cluster_name() -> str:
+    # pyinfra puts every host of inventories/<name>.py into a group called <name>
+    skip = {"all", "control", "workers"}
+    for g in state.inventory.get_group_names() if hasattr(state.inventory, "get_group_names") else ():
+        if g not in skip and len(state.inventory.get_group(g)) == len(list(state.inventory)):
+            return g
+    return "cluster"
+
+
+def cluster_plan() -> ClusterPlan:
+    """The validated plan for this pyinfra run (raises ValidationError with every problem)."""
+    cached = getattr(state, _CACHE_ATTR, None)
+    if cached is None:
+        cached = planmod.build(hosts_from_pyinfra(state.inventory), name=_cluster_name())
+        setattr(state, _CACHE_ATTR, cached)
+    return cached
+
+
+def host_plan() -> HostPlan:
+    """The current host's part of the plan. For a GPU host in a multi-host worker, the networking env
+    (NCCL/GLOO socket interface, NCCL_IB_HCA, UCX_NET_DEVICES) is completed from this host's live facts
+    wherever the recipe or the user did not set it (provenance "facts"): overlaid onto the one plan, which is
+    not rebuilt."""
+    name = plan_name(host)
+    hp = cluster_plan().host(name)
+    if not hp.needs_rdma:
+        return hp
+    key = f"{_CACHE_ATTR}_{name}"
+    cached = getattr(state, key, None)
+    if cached is None:
+        from m3deploy.core.netenv import env_from_facts
+        from m3deploy.facts import DefaultRouteInterface, RdmaDevices
+
+        facts = {"default_interface": host.get_fact(DefaultRouteInterface), "rdma": host.get_fact(RdmaDevices)}
+        cached = planmod.with_fact_env(cluster_plan(), hp, env_from_facts(facts))
+        setattr(state, key, cached)
+    return cached

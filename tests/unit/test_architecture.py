@@ -1,0 +1,61 @@
+"""The layout holds (docs/ARCHITECTURE.md "Layers"): imports point one way (the import-linter contracts in
+pyproject.toml), no import cycles between project modules, and no product module knows about the test connector."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = [ROOT / "deploy.py", *(ROOT / "m3deploy").rglob("*.py"), *(ROOT / "roles").rglob("*.py")]
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_cycles():
+    assert _cycles(grimp.build_graph("m3deploy", "roles")) == []
+
+
+def test_no_product_module_knows_the_fake_connector():
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in PRODUCT
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"fake", line, re.I)]
+    assert hits == []
+
+
+@pytest.mark.skipif(not shutil.which("lint-imports"), reason="import-linter is not installed")
+def test_import_contracts():
+    r = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
