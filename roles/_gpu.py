@@ -6,25 +6,32 @@ from pyinfra import host
 from pyinfra.operations import apt
 
 from m3deploy import facts as F
+from m3deploy.core import catalog, settings
 from m3deploy.core.errors import M3Error
 
 APT_LOCK = "-o DPkg::Lock::Timeout=900"  # fresh cloud hosts run unattended-upgrades at boot
-SUPPORTED = {("ubuntu", "22.04"), ("ubuntu", "24.04")}
 CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
 
 
 def require_ubuntu(what: str) -> dict:
     os_ = host.get_fact(F.OsInfo)
-    if (os_["id"], os_["version_id"]) not in SUPPORTED:
+    supported = catalog.supported_os()
+    if (os_["id"], os_["version_id"]) not in supported:
         raise M3Error(f"host {host.name}: cannot {what} on {os_['pretty'] or os_['id'] or 'this OS'}: the roles "
-                      "support Ubuntu 22.04 and 24.04. Fix: install it by hand (preflight accepts a working "
+                      f"support {_os_list(supported)}. Fix: install it by hand (preflight accepts a working "
                       "driver as found) or use a supported OS")
     return os_
 
 
+def _os_list(supported) -> str:
+    """{("ubuntu", "22.04"), ("ubuntu", "24.04")} -> "Ubuntu 22.04 and 24.04"."""
+    names = sorted({os_id for os_id, _ in supported})
+    return "; ".join(f"{n.capitalize()} " + " and ".join(sorted(v for i, v in supported if i == n)) for n in names)
+
+
 def cuda_repo_url(os_: dict) -> str:
     """NVIDIA's CUDA apt repository for this host (m3_nvidia_repo_url overrides, e.g. a local mirror)."""
-    url = host.data.get("m3_nvidia_repo_url")
+    url = settings.get(host.data, "m3_nvidia_repo_url")
     if url:
         return url.rstrip("/") + "/"
     distro = "ubuntu" + os_["version_id"].replace(".", "")

@@ -1,14 +1,15 @@
 """GPU drivers: NVIDIA (vendor CUDA apt repo, driver pinned to a branch, fabric manager on HGX, IMEX on
-GB200) or AMD (amdgpu-install, ROCm 7.2+, render/video groups). Skips whatever is already right and
+GB200: the platform's catalog `fabric:`) or AMD (amdgpu-install, the catalog's ROCm, render/video groups). Skips whatever is already right and
 reboots only when allowed; otherwise fails the host with a message naming it.
 
 Reads host_plan(): gpu_vendor, gpus, platform; cluster_plan().hosts (IMEX peers). Data keys:
-- m3_nvidia_driver_branch (default "580"), m3_nvidia_driver_flavor ("open" | "proprietary", "open")
+- m3_nvidia_driver_branch, m3_nvidia_driver_flavor (default: catalog.yaml `vendors.nvidia`: 580, open)
 - m3_nvidia_repo_url (default NVIDIA's CUDA repo for the host's Ubuntu release and arch)
-- m3_fabric_manager (default: platform is HGX: h100, h200, h20, b200, b300), m3_imex (default: gb200)
-- m3_rocm_version (default "7.2"), m3_amdgpu_install_deb (URL of amdgpu-install's .deb),
-  m3_amdgpu_usecase (default "dkms,rocm"), m3_gpu_users (users to add to render + video; default [])
-- m3_allow_reboot (default False)
+- m3_fabric_manager, m3_imex (default: what the platform's catalog `fabric:` runs: `fabrics:` in catalog.yaml)
+- m3_rocm_version (default: catalog.yaml `vendors.amd.rocm`), m3_amdgpu_install_deb (URL of amdgpu-install's
+  .deb), m3_amdgpu_usecase, m3_gpu_users (users to add to render + video)
+- m3_allow_reboot
+Defaults and docs of every key: m3deploy.core.settings.
 """
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
 from m3deploy import facts as F
+from m3deploy.core import catalog, settings
 from roles import _gpu
 
-HGX = {"h100", "h200", "h20", "b200", "b300"}
-IMEX_PLATFORMS = {"gb200", "gb300"}
 IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
 
 
@@ -45,21 +45,22 @@ def deploy_drivers():
 
 
 def _fabric_manager(hp) -> bool:
-    v = host.data.get("m3_fabric_manager")
-    return hp.platform in HGX if v is None else bool(v)
+    v = settings.get(host.data, "m3_fabric_manager")
+    return "nvidia-fabricmanager" in catalog.fabric_services(hp.platform) if v is None else bool(v)
 
 
 def _imex(hp) -> bool:
-    v = host.data.get("m3_imex")
-    return hp.platform in IMEX_PLATFORMS if v is None else bool(v)
+    v = settings.get(host.data, "m3_imex")
+    return "nvidia-imex" in catalog.fabric_services(hp.platform) if v is None else bool(v)
 
 
 def _install_nvidia(hp) -> bool:
     """Install what is missing. True when the driver itself is (re)installed in this run."""
     if host.get_fact(File, path="/etc/dgx-release"):
         return False  # DGX OS manages its own driver stack
-    branch = str(host.data.get("m3_nvidia_driver_branch") or "580")
-    flavor = host.data.get("m3_nvidia_driver_flavor") or "open"
+    nvidia = catalog.vendor("nvidia")
+    branch = str(settings.get(host.data, "m3_nvidia_driver_branch") or nvidia["driver_branch"])
+    flavor = settings.get(host.data, "m3_nvidia_driver_flavor") or nvidia["driver_flavor"]
     driver_pkg = f"nvidia-driver-{branch}-open" if flavor == "open" else f"nvidia-driver-{branch}"
     want = [driver_pkg]
     if _fabric_manager(hp):
@@ -97,7 +98,7 @@ def _nvidia_services(hp, installing: bool) -> None:
 
 
 def _install_rocm(hp) -> bool:
-    want = str(host.data.get("m3_rocm_version") or "7.2")
+    want = str(settings.get(host.data, "m3_rocm_version") or catalog.vendor("amd")["rocm"])
     rocm = host.get_fact(F.RocmVersion)
     devices = host.get_fact(F.AmdDevices)
     installing = False
@@ -105,15 +106,15 @@ def _install_rocm(hp) -> bool:
         os_ = _gpu.require_ubuntu(f"install ROCm {want}")
         kernel = os_["kernel"]
         apt.deb(name=f"Install amdgpu-install {want}",
-                src=host.data.get("m3_amdgpu_install_deb") or amdgpu_install_url(want, os_["codename"]))
+                src=settings.get(host.data, "m3_amdgpu_install_deb") or amdgpu_install_url(want, os_["codename"]))
         apt.packages(name=f"Install kernel headers and extra modules for {kernel}",
                      packages=[f"linux-headers-{kernel}", f"linux-modules-extra-{kernel}"], update=True,
                      extra_install_args=_gpu.APT_LOCK)
-        usecase = host.data.get("m3_amdgpu_usecase") or "dkms,rocm"
+        usecase = settings.get(host.data, "m3_amdgpu_usecase")
         server.shell(name=f"Install ROCm {want} and the amdgpu driver ({usecase})",
                      commands=[f"DEBIAN_FRONTEND=noninteractive amdgpu-install -y --usecase={shlex.quote(usecase)}"])
         installing = True
-    for user in host.data.get("m3_gpu_users") or []:
+    for user in settings.get(host.data, "m3_gpu_users"):
         groups = host.get_fact(F.AmdDevices, user=user)["groups"]
         missing = [g for g in ("render", "video") if g not in groups]
         if missing:
@@ -137,7 +138,7 @@ def _reboot_if_needed(installing: bool, check_cmd: str) -> None:
         reasons.append("the GPU driver is installed or changed in this run")
     if not reasons:
         return
-    if host.data.get("m3_allow_reboot"):
+    if settings.get(host.data, "m3_allow_reboot"):
         server.reboot(name="Reboot to load the GPU driver", delay=10, reboot_timeout=1200)
         server.shell(name="Check the GPU driver after the reboot", commands=[check_cmd])
         return

@@ -23,6 +23,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from m3deploy import facts as F
+from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 
 REMOTE_DIR = "/var/lib/m3/images"
@@ -64,7 +65,7 @@ def _build(svc, version: str, archive_dir):
     if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
         _get(svc.base_image, archive_dir)
     platform = catalog.catalog()["platforms"].get(context_platform(), {})
-    target = artifacts.Target.container(str(host.data.get("m3_container_python") or "3.12"),
+    target = artifacts.Target.container(str(settings.get(host.data, "m3_container_python")),
                                         platform.get("arch", "x86_64"))
     local = artifacts.ensure_wheelhouse(version, target=target)
     remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
@@ -90,7 +91,7 @@ def deploy_images():
     from m3deploy.deploy import context
 
     hp = context.host_plan()
-    archive_dir = host.data.get("m3_image_archive_dir")
+    archive_dir = settings.get(host.data, "m3_image_archive_dir")
     built = {s.image: s for s in hp.services if s.image and s.base_image}
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         if host.get_fact(F.DockerImage, image=image)["present"]:

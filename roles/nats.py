@@ -13,12 +13,12 @@ stopped and masked (it would bind 0.0.0.0:4222).
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
+from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 from roles._render import render
 from roles import _units as u
 
 USER = "nats"  # created by the nats-server package
-DEFAULT_MAX_PAYLOAD = 33554432
 
 
 def _port(s, name):
@@ -47,7 +47,7 @@ def deploy_nats():
         auth = any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env)
         text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                       monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream", auth=auth,
-                      max_payload=int(dict(cp.settings).get("m3_nats_max_payload", DEFAULT_MAX_PAYLOAD)))
+                      max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")))
         conf_op = u.put_text(name=f"Render {conf}", text=text, dest=conf, mode="0644")
         unit_op, env_op = u.install_service(cp, s, "nats.service.j2", USER)
         started = u.start_or_restart(s, unit_op, [unit_op, env_op, conf_op])

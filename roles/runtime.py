@@ -13,6 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
 from m3deploy import facts as F
+from m3deploy.core import settings
 from roles import _gpu
 
 
@@ -27,7 +28,7 @@ def deploy_runtime():
     services = host.get_fact(F.GpuServices)
     if not docker["present"]:
         _gpu.require_ubuntu("install docker")
-        apt.packages(name="Install the Docker engine", packages=host.data.get("m3_docker_packages") or ["docker.io"],
+        apt.packages(name="Install the Docker engine", packages=settings.get(host.data, "m3_docker_packages"),
                      update=True, cache_time=3600, extra_install_args=_gpu.APT_LOCK)
     st = services.get("docker") or {}
     if not (st.get("active") == "active" and st.get("enabled") == "enabled"):

@@ -28,6 +28,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
+from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 
 TOKEN_PATH = "/etc/m3/hf_token"
@@ -71,7 +72,7 @@ def deploy_weights():
     if host.get_fact(File, path=marker):
         return
     image = next((s.image for s in hp.services if s.kind == "worker" and s.image), "")
-    mode = host.data.get("m3_weights_download") or ("image" if image else "host")
+    mode = settings.get(host.data, "m3_weights_download") or ("image" if image else "host")
     token = controller_token()
     files.directory(name=f"Create {hp.weights_dir}", path=hp.weights_dir, mode="755")
     if token:
@@ -79,7 +80,7 @@ def deploy_weights():
         files.put(name=f"Upload the Hugging Face token to {TOKEN_PATH} (0600)", src=StringIO(token + "\n"),
                   dest=TOKEN_PATH, user="root", group="root", mode="600")
     model = shlex.quote(cp.model_id)
-    verify = host.data.get("m3_weights_verify", True)
+    verify = settings.get(host.data, "m3_weights_verify")
     if mode == "image":
         if not image:
             raise M3Error(f"host {hp.name}: m3_weights_download is 'image' but no worker on it has an image. "
@@ -88,7 +89,7 @@ def deploy_weights():
         hf = (f"docker run --rm --network=host -v {shlex.quote(hp.weights_dir)}:{CONTAINER_CACHE} {secret}"
               f"--entrypoint hf {shlex.quote(image)}")
     else:
-        cli = host.data.get("m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
+        cli = settings.get(host.data, "m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
         hf = f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "") + cli
     commands = [f"{hf} download {model}"]  # resumes partial files; hashes checked on download
     if verify:

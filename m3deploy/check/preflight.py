@@ -17,12 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from m3deploy.core import catalog
 from m3deploy.core.model import HostPlan
 from m3deploy.core import inventory
 
-NVIDIA_MIN_BRANCH = 580
-ROCM_MIN = (7, 2)
-SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04")}
 NCCL_SCRIPT = Path(__file__).with_name("nccl_allreduce.py")
 NCCL_MARKER = "M3_NCCL_RESULT "
 # Variables that must reach the all-reduce processes unchanged (NVLink multicast off on shared hosts, etc.)
@@ -82,8 +80,10 @@ def check_host(hp: HostPlan, facts: dict[str, Any]) -> list[Check]:
 def _check_os(hp: HostPlan, facts: dict) -> Check:
     os_ = facts.get("os") or {}
     desc = f"{os_.get('pretty') or os_.get('id', '?')} kernel {os_.get('kernel', '?')}"
-    if hp.gpus > 0 and (os_.get("id"), os_.get("version_id")) not in SUPPORTED_OS:
-        return Check("os", True, f"{desc} (the driver roles install on Ubuntu 22.04/24.04 only; "
+    supported = catalog.supported_os()
+    if hp.gpus > 0 and (os_.get("id"), os_.get("version_id")) not in supported:
+        names = "/".join(sorted(v for _, v in supported))
+        return Check("os", True, f"{desc} (the driver roles install on Ubuntu {names} only; "
                      "preinstalled drivers are used as found)")
     return Check("os", True, desc)
 
@@ -131,14 +131,15 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
     if vendor == "nvidia" or (hp.gpu_vendor == "nvidia" and not vendor):
         ver = driver.get("version") or ""
         branch = _version_tuple(ver)[:1]
-        ok = bool(branch) and branch[0] >= NVIDIA_MIN_BRANCH
+        min_branch = int(catalog.vendor("nvidia")["driver_branch"])
+        ok = bool(branch) and branch[0] >= min_branch
         detail = f"NVIDIA driver {ver or 'not loaded'}"
         if driver.get("flavor"):
             detail += f" ({driver['flavor']} kernel module)"
         if driver.get("cuda_version"):
             detail += f", CUDA {driver['cuda_version']}"
-        out.append(Check("driver", ok, detail + f"; need branch >= {NVIDIA_MIN_BRANCH}",
-                         "" if ok else f"install driver branch {NVIDIA_MIN_BRANCH}+ (m3_nvidia_driver_branch; "
+        out.append(Check("driver", ok, detail + f"; need branch >= {min_branch}",
+                         "" if ok else f"install driver branch {min_branch}+ (m3_nvidia_driver_branch; "
                          "drivers role), then reboot"))
         migs = [g for g in gpus if str(g.get("mig", "")).lower() == "enabled"]
         if gpus:
@@ -147,10 +148,11 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
                              "" if not migs else "sudo nvidia-smi -mig 0 (then reset the GPUs or reboot)"))
     elif vendor == "amd" or hp.gpu_vendor == "amd":
         rocm = driver.get("rocm_version") or ""
-        ok = bool(rocm) and _version_tuple(rocm)[:2] >= ROCM_MIN
+        rocm_min = str(catalog.vendor("amd")["rocm"])
+        ok = bool(rocm) and _version_tuple(rocm)[:2] >= _version_tuple(rocm_min)[:2]
         out.append(Check("driver", ok, f"ROCm {rocm or 'not installed'}, amdgpu {driver.get('version') or '?'}"
-                         f"; need ROCm >= {ROCM_MIN[0]}.{ROCM_MIN[1]}",
-                         "" if ok else "install ROCm 7.2+ with amdgpu-install (drivers role)"))
+                         f"; need ROCm >= {rocm_min}",
+                         "" if ok else f"install ROCm {rocm_min}+ with amdgpu-install (drivers role)"))
         dev = facts.get("amd_devices") or {}
         ok = bool(dev.get("kfd")) and bool(dev.get("dri"))
         out.append(Check("amd-devices", ok, f"/dev/kfd {'present' if dev.get('kfd') else 'missing'}, "

@@ -21,7 +21,7 @@ from m3deploy.core.model import Provenance
 
 _WHEN_KEYS = {"engine", "serving", "vendor", "generation", "platform", "variant", "parallel", "ep", "dp_mode",
               "multi_host", "features"}
-_LAYER_KEYS = {"name", "when", "target", "image", "docker", "env", "args", "unset", "readiness_timeout_s"}
+_LAYER_KEYS = {"name", "when", "target", "image", "docker", "env", "args", "unset", "readiness_timeout_s", "scope"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Layer:
     args: dict
     unset: list
     readiness_timeout_s: int | None
+    scope: str | None = None  # the features in `when` apply only where the rest of `when` matches
 
 
 @dataclass
@@ -103,11 +104,12 @@ def _layers(files: tuple[tuple[str, Path], ...]) -> tuple[Layer, ...]:
                 name=raw["name"], source=rel, when=raw.get("when", {}), target=raw.get("target", "worker"),
                 image=raw.get("image", ...), docker=raw.get("docker"), env=raw.get("env") or {},
                 args=raw.get("args") or {}, unset=raw.get("unset") or [],
-                readiness_timeout_s=raw.get("readiness_timeout_s")))
+                readiness_timeout_s=raw.get("readiness_timeout_s"), scope=raw.get("scope")))
     return tuple(out)
 
 
-def _matches(when: dict, ctx: dict) -> bool:
+def matches(when: dict, ctx: dict) -> bool:
+    """Does a layer's `when` hold in `ctx`? (every key: equal, one of a list, or features a subset)"""
     for key, want in when.items():
         have = ctx.get(key)
         if key == "features":
@@ -142,7 +144,7 @@ def resolve(ctx: dict, target: str = "worker") -> Resolved:
     """Apply every matching layer for `target` ("worker" or "frontend") in order."""
     r = Resolved()
     for layer in layers():
-        if layer.target != target or not _matches(layer.when, ctx):
+        if layer.target != target or not matches(layer.when, ctx):
             continue
         if layer.image is not ...:
             r.image = layer.image

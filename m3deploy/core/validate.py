@@ -149,16 +149,15 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
     if engine == "trtllm" and info["vendor"] != "nvidia":
         add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
 
-    def need(feature, cond, where):
-        if feature in features and not cond:
-            add(f"key m3_features: {feature!r} applies to {where} only (this cluster: {platform}, {variant}, "
-                f"{mode}). Fix: drop it")
-    need("kv-offload", platform == "gb200", "GB200 trays")
-    need("high-concurrency", platform in ("mi350x", "mi355x") and variant == "mxfp8", "MI350X/MI355X with mxfp8")
-    need("agentx", platform == "mi355x" and variant == "mxfp4" and mode in ("tp4", "tp2"),
-         "MI355X with mxfp4 at tp4 or tp2")
-    need("fp8-per-channel", info["vendor"] == "amd" and info["generation"] == "cdna3" and variant == "bf16",
-         "the BF16 checkpoint on MI300X/MI325X")
+    # features a recipe layer scopes (`scope:`): valid only where that layer's own `when` matches
+    ctx = {"platform": platform, "vendor": info["vendor"], "generation": info["generation"], "variant": variant,
+           "parallel": mode}
+    for layer in recipes.layers():
+        when = {k: v for k, v in layer.when.items() if k not in ("features", "engine")}
+        for feature in layer.when.get("features", ()) if layer.scope else ():
+            if feature in features and not recipes.matches(when, ctx):
+                add(f"key m3_features: {feature!r} applies to {layer.scope} only (this cluster: {platform}, "
+                    f"{variant}, {mode}). Fix: drop it")
     if platform == "mi300x" and variant == "mxfp8" and engine == "vllm" and mml is None:
         add("key m3_max_model_len: the MI300X MXFP8 tuned recipe passes --max-model-len \"$MAX_MODEL_LEN\". "
             "Fix: set m3_max_model_len (e.g. 131072)")
