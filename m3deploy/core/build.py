@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -177,6 +178,11 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         venv=venv if serving == "dynamo" else "", model_dir=model_dir, settings=recorded)
 
 
+def _fill(value, fill: Mapping[str, Any]) -> str | None:
+    """engines.yaml's `{name}` placeholders, filled from the plan (None stays a boolean flag)."""
+    return None if value is None else re.sub(r"\{([a-z_]+)\}", lambda m: str(fill[m.group(1)]), str(value))
+
+
 def _jsonable(v):
     return list(v) if isinstance(v, tuple) else v
 
@@ -267,10 +273,12 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
     if s["m3_image"]:
         r.image = s["m3_image"]
         r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
+    rules = catalog.engines()[engine]
+    fill = {"model_id": model_id, "served": served, "model_dir": model_dir, "venv": venv, "address": address,
+            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
+            "master_port": s["m3_master_port"]}
     if s["m3_max_model_len"]:
-        flag = {"vllm": "--max-model-len", "sglang": "--context-length", "trtllm": "--max_seq_len",
-                "mocker": "--max-model-len"}[engine]
-        r.set_arg(flag, str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
+        r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
         r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
         if s["m3_mocker_startup_time"]:
@@ -297,7 +305,7 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         plan_env += [("DYN_SYSTEM_PORT", str(sys_port)),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
         ports.append(Port("system", sys_port, address))
-        if engine == "vllm":
+        if rules.get("kv_events"):
             ports.append(Port("kv-events", kv_port, address))
         readiness = Readiness(kind="http", url=f"http://{address}:{sys_port}/health", timeout_s=timeout)
     else:
@@ -314,45 +322,21 @@ def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, 
         if k not in r.env:
             r.set_env(k, v, "plan", PL)
     # multi-host ranks: rank 0 first; ranks > 0 headless and only process-alive readiness
-    multi: list[tuple[str, str | None]] = []
     if nnodes > 1:
-        if engine == "vllm":
-            multi = [("--nnodes", str(nnodes)), ("--node-rank", str(rank)), ("--master-addr", master)]
-            if rank > 0:
-                multi.append(("--headless", None))
-        elif engine == "sglang":
-            multi = [("--nnodes", str(nnodes)), ("--node-rank", str(rank)),
-                     ("--dist-init-addr", f"{master}:{s['m3_master_port']}")]
-        for flag, value in multi:
-            r.set_arg(flag, value, "plan:multi-host", PL)
+        multi = rules.get("multi_host") or {}
+        for flag, value in {**multi.get("all", {}), **(multi.get("followers", {}) if rank > 0 else {})}.items():
+            r.set_arg(flag, _fill(value, fill), "plan:multi-host", PL)
         if rank > 0:
             readiness = Readiness(kind="process", timeout_s=timeout)
-            ports = [p for p in ports if p.name != "system"] if engine == "vllm" else ports
+            ports = [p for p in ports if p.name not in rules.get("followers_without", ())]
 
-    if engine == "vllm":
-        if serving == "dynamo":
-            head = ("python3", "-m", "dynamo.vllm", "--model", model_id, "--served-model-name", served)
-        else:
-            head = ("vllm", "serve", model_id)
-            extra = [("--host", address), ("--port", str(http_port))]
-            if served != model_id:
-                extra.append(("--served-model-name", served))
-            for flag, value in extra:
-                r.set_arg(flag, value, "plan", PL)
-    elif engine == "sglang":
-        head = (("python3", "-m", "dynamo.sglang", "--model-path", model_id, "--served-model-name", served)
-                if serving == "dynamo" else ("python3", "-m", "sglang.launch_server", "--model-path", model_id))
-        if serving != "dynamo":
-            for flag, value in (("--host", address), ("--port", str(http_port))):
-                r.set_arg(flag, value, "plan", PL)
-    elif engine == "trtllm":
-        head = (("python3", "-m", "dynamo.trtllm", "--model-path", model_id, "--served-model-name", served)
-                if serving == "dynamo" else ("trtllm-serve", "serve", model_id))
-        if serving != "dynamo":
-            for flag, value in (("--host", address), ("--port", str(http_port))):
-                r.set_arg(flag, value, "plan", PL)
-    else:  # mocker
-        head = (f"{venv}/bin/python", "-m", "dynamo.mocker", "--model-path", model_dir, "--model-name", served)
+    head = tuple(_fill(tok, fill) for tok in rules["launch"][serving])
+    if serving != "dynamo":
+        extra = dict(rules.get("standalone_args") or {})
+        if rules.get("served_name_flag") and served != model_id:
+            extra[rules["served_name_flag"]] = "{served}"
+        for flag, value in extra.items():
+            r.set_arg(flag, _fill(value, fill), "plan", PL)
 
     docker: list[str] = []
     image = r.image if engine != "mocker" else None
