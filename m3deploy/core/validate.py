@@ -230,6 +230,7 @@ def check_plan(plan, hosts) -> list[str]:
     problems: list[str] = []
     add = problems.append
     parsers = cat["model"]["parsers"].get(plan.engine, {})
+    cat_engines = catalog.engines()
     for hp in plan.hosts:
         bound = defaultdict(list)
         for svc in hp.services:
@@ -249,6 +250,11 @@ def check_plan(plan, hosts) -> list[str]:
                     add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 uses the {parsers[kind]!r} "
                         f"parser on {plan.engine} (minimax_m2 is the previous release's). Fix: remove it from "
                         "m3_extra_args")
+            flags = (cat_engines.get(plan.engine) or {}).get("parallel") or {}
+            if svc.kind == "worker" and "tp" in flags and "dp" in flags and {flags["tp"], flags["dp"]} <= set(argv):
+                add(f"host {hp.name} {svc.name}: both {flags['dp']} and {flags['tp']}: {plan.parallel} runs "
+                    f"data-parallel ranks of one GPU each. Fix: remove {flags['tp']} from m3_extra_args (or the "
+                    "recipe layer that sets it)")
             for p in svc.ports:
                 bound[p.port].append((p.address, svc.name, p.name))
         for port, users in bound.items():

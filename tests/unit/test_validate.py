@@ -2,11 +2,15 @@
 are reported at once."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.errors import ValidationError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(workers=1, control=0, **data):
@@ -192,3 +196,19 @@ def test_no_workers_group():
     with pytest.raises(ValidationError) as e:
         planmod.build(inventory.hosts_from_dict({"control": [("c", {})]}))
     assert "no `workers` group" in e.value.problems[0]
+
+
+def test_dp8_ep_on_gb200_dynamo_is_data_parallel_only():
+    """dp8-ep runs data-parallel ranks: the GB200 Dynamo lane used to add --tensor-parallel-size 8 next to
+    --data-parallel-size 8 (and validation passed it)."""
+    hosts = inventory.load_inventory(ROOT / "inventories" / "gb200.py", override_data={"m3_parallel": "dp8-ep"})
+    p = planmod.build(hosts, name="gb200")
+    workers = [s for h in p.hosts for s in h.services if s.kind == "worker"]
+    assert workers
+    for s in workers:
+        assert s.argv[s.argv.index("--data-parallel-size") + 1] == "8"
+        assert "--tensor-parallel-size" not in s.argv, s.argv
+    with pytest.raises(ValidationError) as e:
+        planmod.build(inventory.load_inventory(ROOT / "inventories" / "gb200.py", override_data={
+            "m3_parallel": "dp8-ep", "m3_extra_args": ["--tensor-parallel-size", "8"]}), name="gb200")
+    assert any("both --data-parallel-size and --tensor-parallel-size" in x for x in e.value.problems)
