@@ -46,19 +46,18 @@ def loopback_plan(root: str, workers=(W1, W2), control=CONTROL) -> ClusterPlan:
     return planmod.build(hosts, name="loopback")
 
 
-def find_venv() -> str | None:
-    """An existing Dynamo venv, or one built offline from the wheelhouse (None when neither exists)."""
+def find_venv() -> str:
+    """$M3_DYNAMO_VENV, or a venv built offline from the controller's wheelhouse (built from PyPI first when the
+    cache is cold, as a deploy would: never a skip)."""
     env = os.environ.get("M3_DYNAMO_VENV")
     if env:
         return env
     from m3deploy import artifacts
 
-    venv = artifacts.cache_root() / "verify-venv" / f"dynamo-{DYNAMO_VERSION}"
+    wh = artifacts.ensure_wheelhouse(DYNAMO_VERSION, log=lambda m: print(m, file=sys.stderr))
+    venv = artifacts.cache_root() / "verify-venv" / f"dynamo-{DYNAMO_VERSION}-{wh.name}"
     if (venv / "bin" / "python").exists() and (venv / ".complete").exists():
         return str(venv)
-    wh = artifacts.wheelhouse_dir(DYNAMO_VERSION)
-    if not (wh / artifacts.COMPLETE).exists():
-        return None
     shutil.rmtree(venv, ignore_errors=True)
     reqs = artifacts.read_requirements(wh)
     pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wh)]
@@ -190,13 +189,11 @@ def _ports_free() -> list[str]:
 def stack():
     for tool in ("etcd", "nats-server"):
         if not shutil.which(tool, path="/usr/bin:/usr/sbin"):
-            pytest.skip(f"{tool} missing: apt-get -o DPkg::Lock::Timeout=900 install -y etcd-server nats-server")
+            pytest.fail(f"{tool} missing: apt-get -o DPkg::Lock::Timeout=900 install -y etcd-server nats-server")
     busy = _ports_free()
     if busy:
-        pytest.skip(f"loopback ports in use ({', '.join(busy)}): another stack runs on 127.0.10.x; stop it")
+        pytest.fail(f"loopback ports in use ({', '.join(busy)}): another stack runs on 127.0.10.x; stop it")
     venv = find_venv()
-    if venv is None:
-        pytest.skip("no Dynamo venv: set M3_DYNAMO_VENV or build the wheelhouse (python -m m3deploy.artifacts)")
     st = LoopbackStack(venv)
     try:
         st.start()
