@@ -14,14 +14,16 @@ before the workers and before the serving check: nothing after it starts until e
 Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 (`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
 """
-from m3deploy.core.errors import ValidationError
+from m3deploy.core.errors import M3Error, ValidationError
 from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
 
 try:
-    plan = cluster_plan()
+    plan = cluster_plan()  # and, once, every controller artifact the hosts need (m3deploy.controller.prepare)
 except ValidationError as e:
     # pyinfra prints it once (not once per host), without a traceback, and exits 2 before any operation
     raise InvalidPlan(f"invalid cluster plan, nothing was changed:\n{e}") from None
+except M3Error as e:
+    raise InvalidPlan(f"the controller could not prepare the deploy, nothing was changed:\n{e}") from None
 
 from roles.artifacts import deploy_artifacts  # noqa: E402
 from roles.drivers import deploy_drivers  # noqa: E402

@@ -4,14 +4,13 @@ Reads (through m3deploy.deploy.context): cluster_plan().dynamo_version, .venv, .
 .served_model_name; host_plan().services (only hosts with a native frontend/worker get the venv;
 only hosts with a mocker worker get the model dir).
 
-The controller builds the wheelhouse once (m3deploy.controller.artifacts.ensure_wheelhouse, cached under
-~/.cache/m3deploy/wheelhouse/dynamo-<v>/). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/;
+The controller builds the wheelhouse once, before any host's work (m3deploy.deploy.context -> m3deploy.controller.prepare;
+published under ~/.cache/m3deploy/wheelhouse/dynamo-<v>/<digest>/, `current` points at it). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/;
 the host's copy is compared by one fact (sha256 of its SHA256SUMS): when equal nothing is sent.
 After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt only when its
 stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
 python3-venv package (`venv --without-pip`, pip bootstrapped from its own wheel).
 """
-import functools
 import shlex
 
 from pyinfra import host
@@ -35,12 +34,6 @@ def _remote_manifest_digest(d: str) -> str:
                                            f"else echo none; fi") or "").strip()
 
 
-@functools.lru_cache(maxsize=None)
-def _wheelhouse(version: str):
-    """Built or verified once per run on the controller, not once per host."""
-    return artifacts.ensure_wheelhouse(version)
-
-
 @deploy("Ship Dynamo artifacts")
 def deploy_artifacts():
     cp, hp = u.plans()
@@ -51,7 +44,7 @@ def deploy_artifacts():
     if not cp.dynamo_version or not cp.venv:
         raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
                       "dynamo_version/venv (set m3_dynamo_version)")
-    local = _wheelhouse(cp.dynamo_version)
+    local = artifacts.ensure_wheelhouse(cp.dynamo_version)  # built before any host's work (context)
     digest = artifacts.manifest_digest(local)
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"

@@ -99,7 +99,7 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
     if facts.get("gpu_error"):
         out.append(Check("gpu-driver-loaded", False, f"nvidia-smi failed: {facts['gpu_error']}",
                          "reboot the host if the driver was just installed or upgraded (driver/library "
-                         "mismatch), else reinstall the driver (`m3deploy deploy` drivers role)"))
+                         "mismatch), else reinstall the driver (`pyinfra -y INVENTORY deploy.py`: the drivers role)"))
 
     if vendor != hp.gpu_vendor:
         out.append(Check("gpu-vendor", False, f"{where}: plan expects {hp.gpu_vendor or '?'} GPUs, found "

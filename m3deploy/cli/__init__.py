@@ -53,7 +53,8 @@ class LazyGroup(click.Group):
     costs ~0.3 s; `m3deploy plan` must stay fast)."""
 
     lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.cli.preflight:preflight",
-            "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images"}
+            "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images",
+            "artifacts": "m3deploy.cli.artifacts:artifacts"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -177,4 +178,3 @@ def validate(inventory, data):
         fail(e)
     n = sum(len(h.services) for h in p.hosts)
     click.echo(f"{inventory}: valid ({len(p.hosts)} hosts, {len(p.workers)} workers, {n} services)")
-

@@ -21,18 +21,23 @@ import email.parser
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from m3deploy.controller.cachelock import locked, publish_symlink
 from m3deploy.core.errors import M3Error
 
 MANIFEST = "SHA256SUMS"
 REQS_FILE = "REQUIREMENTS"  # the top-level requirements installed on hosts (one per line)
 COMPLETE = ".complete"  # written last; its presence + a verified manifest = wheelhouse done
+_FIX = "run `m3deploy artifacts INVENTORY`: it publishes a good copy beside this one"
+CURRENT = "current"  # symlink in the wheelhouse's home to the published version directory
 
 # Requirements that cannot be installed (placeholder packages) and that frontend/mocker never import.
 SKIP_REQUIREMENTS = {"aisimulate"}
@@ -88,6 +93,7 @@ def cache_root() -> Path:
 
 
 def wheelhouse_dir(version: str, target: Target = HOSTS) -> Path:
+    """The wheelhouse's home in the cache: published versions `<manifest digest>/` and `current` -> one of them."""
     return cache_root() / "wheelhouse" / f"dynamo-{version}{target.suffix}"
 
 
@@ -111,20 +117,20 @@ def read_manifest(directory: Path) -> dict[str, str]:
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise M3Error(f"wheelhouse manifest {path} is missing; rebuild with "
-                      f"`m3deploy artifacts wheelhouse` (or delete {directory})")
+                      f"`m3deploy artifacts INVENTORY`")
     out: dict[str, str] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split(None, 1)
         if len(parts) != 2 or len(parts[0]) != 64 or any(c not in "0123456789abcdef" for c in parts[0]):
-            raise M3Error(f"{path}:{n}: not a sha256sum line: {line!r}; delete {directory} and rebuild")
+            raise M3Error(f"{path}:{n}: not a sha256sum line: {line!r}; {_FIX}")
         name = parts[1].lstrip("*").strip()
         if "/" in name or name in (MANIFEST, ""):
-            raise M3Error(f"{path}:{n}: bad file name {name!r}; delete {directory} and rebuild")
+            raise M3Error(f"{path}:{n}: bad file name {name!r}; {_FIX}")
         out[name] = parts[0]
     if not out:
-        raise M3Error(f"{path} lists no files; delete {directory} and rebuild")
+        raise M3Error(f"{path} lists no files; {_FIX}")
     return out
 
 
@@ -236,47 +242,95 @@ def _pip_download(dest: Path, args: list[str], log, target: Target = HOSTS) -> N
                       "then run it again.")
 
 
-def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, target: Target = HOSTS) -> Path:
-    """Build (once) and return the wheelhouse for ai-dynamo==version.
+def current_wheelhouse(version: str, target: Target = HOSTS) -> Path | None:
+    """The published wheelhouse (`<home>/current` resolved to its version directory), or None."""
+    link = wheelhouse_dir(version, target) / CURRENT
+    try:
+        return link.parent / os.readlink(link)
+    except OSError:
+        return None
 
-    No-op when it exists, is complete and verifies against its manifest. A partial or corrupt
-    wheelhouse is rebuilt from scratch in a temporary directory and swapped in.
+
+def publish_wheelhouse(work: Path, version: str, target: Target = HOSTS) -> Path:
+    """Publish a complete, verified wheelhouse directory `work` (inside the home): rename it to
+    `<home>/<manifest digest>` and point `<home>/current` at it atomically. Call under `build_lock`.
+    An identical published copy is kept (work is discarded); no complete copy is ever deleted."""
+    home = wheelhouse_dir(version, target)
+    problems = verify_wheelhouse(work)
+    if problems:
+        raise M3Error("new wheelhouse does not verify:\n" + "\n".join(problems))
+    (work / COMPLETE).write_text(f"ai-dynamo=={version}\n")
+    final = home / manifest_digest(work)[:16]
+    if (final / COMPLETE).is_file() and not verify_wheelhouse(final):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        if final.exists():  # an incomplete or corrupt copy of the same content: never current, set aside
+            final.rename(home / f".broken-{final.name}-{os.getpid()}-{time.time_ns()}")
+        work.rename(final)
+    publish_symlink(home / CURRENT, final.name)
+    return final
+
+
+def build_lock(version: str, target: Target = HOSTS, log=None):
+    return locked(wheelhouse_dir(version, target), f"the ai-dynamo=={version} wheelhouse ({target.abi} "
+                  f"{target.arch})", log=log)
+
+
+_checked: dict[tuple, Path] = {}  # (cache root, version, target, deep) -> verified path, in this process
+
+
+def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, target: Target = HOSTS,
+                      source: str | os.PathLike | None = None) -> Path:
+    """Build (once) and return the published wheelhouse for ai-dynamo==version on `target`.
+
+    Safe under concurrency (greenlets of one pyinfra run, other processes): the first caller builds under
+    `build_lock` while the others wait, then all read the same published version directory. A published copy
+    that no longer verifies is replaced by a new build (published beside it, never deleted under a reader).
+    `source`: a directory of wheels brought to an air-gapped controller; pip resolves from it alone.
     """
     log = log or (lambda m: None)
-    final = wheelhouse_dir(version, target)
-    if (final / COMPLETE).is_file() and not verify_wheelhouse(final, deep=deep_verify):
-        log(f"wheelhouse {final} complete and verified")
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".dynamo-{version}-", dir=final.parent))
-    try:
-        _pip_download(work, ["--no-deps", f"ai-dynamo=={version}"], log, target)
-        top = next(work.glob("ai_dynamo-*.whl"))
-        reqs = _wheel_requirements(top, [target.marker_env])
-        _pip_download(work, [*reqs, *BOOTSTRAP], log, target)
-        for _ in range(5):
-            extra = _missing_for_target(work, target)
-            if not extra:
-                break
-            _pip_download(work, extra, log, target)
-        else:
-            raise M3Error(f"wheelhouse still misses {extra} after 5 passes")
-        (work / REQS_FILE).write_text("".join(f"{r}\n" for r in reqs))
-        write_manifest(work)
-        problems = verify_wheelhouse(work)
-        if problems:
-            raise M3Error("new wheelhouse does not verify:\n" + "\n".join(problems))
-        (work / COMPLETE).write_text(f"ai-dynamo=={version}\n")
-        if final.exists():
-            old = final.with_name(final.name + ".old")
-            subprocess.run(["rm", "-rf", str(old)], check=True)
-            final.rename(old)
-            subprocess.run(["rm", "-rf", str(old)], check=True)
-        work.rename(final)
-    finally:
-        if work.exists():
-            subprocess.run(["rm", "-rf", str(work)], check=False)
-    log(f"wheelhouse {final} built")
+    key = (str(cache_root()), version, target, deep_verify)
+    if key in _checked and (_checked[key] / COMPLETE).is_file():
+        return _checked[key]
+    home = wheelhouse_dir(version, target)
+    with build_lock(version, target, log):
+        cur = current_wheelhouse(version, target)
+        if cur is not None and (cur / COMPLETE).is_file():
+            problems = verify_wheelhouse(cur, deep=deep_verify)
+            if not problems:
+                log(f"wheelhouse {cur} complete and verified")
+                _checked[key] = cur
+                return cur
+            log(f"wheelhouse {cur} does not verify ({problems[0]}); building a new one")
+        home.mkdir(parents=True, exist_ok=True)
+        for stale in home.glob(".build-*"):  # left by a builder that died; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=home))
+        os.chmod(work, 0o755)
+        try:
+            t0 = time.monotonic()
+            log(f"building the ai-dynamo=={version} wheelhouse for {target.abi} {target.arch} "
+                f"from {source or 'PyPI'} (once)")
+            find = ["--no-index", "--find-links", str(source)] if source else []
+            _pip_download(work, [*find, "--no-deps", f"ai-dynamo=={version}"], log, target)
+            top = next(work.glob("ai_dynamo-*.whl"))
+            reqs = _wheel_requirements(top, [target.marker_env])
+            _pip_download(work, [*find, *reqs, *BOOTSTRAP], log, target)
+            for _ in range(5):
+                extra = _missing_for_target(work, target)
+                if not extra:
+                    break
+                _pip_download(work, [*find, *extra], log, target)
+            else:
+                raise M3Error(f"wheelhouse still misses {extra} after 5 passes")
+            (work / REQS_FILE).write_text("".join(f"{r}\n" for r in reqs))
+            write_manifest(work)
+            final = publish_wheelhouse(work, version, target)
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+    log(f"wheelhouse {final} built in {time.monotonic() - t0:.0f} s")
+    _checked[key] = final
     return final
 
 

@@ -4,12 +4,14 @@ for Dynamo workers their base image, since the Dynamo image is built on the host
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from m3deploy.controller.cachelock import locked
 from m3deploy.core.errors import M3Error
 
 
@@ -31,15 +33,18 @@ def save(images: list[str], directory: Path, force: bool = False, log=print) -> 
     out = []
     for image in images:
         tar = directory / image_archive_name(image)
-        if tar.is_file() and not force:
-            log(f"{tar.name}: already saved")
-            out.append(tar)
-            continue
-        for cmd in (["docker", "pull", image], ["docker", "save", image, "-o", str(tar) + ".part"]):
-            log("$ " + " ".join(cmd))
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise M3Error(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
-        Path(str(tar) + ".part").replace(tar)
+        with locked(tar, f"the archive of {image}", log=log):  # one saver per archive; readers see whole files
+            if tar.is_file() and not force:
+                log(f"{tar.name}: already saved")
+                out.append(tar)
+                continue
+            part = tar.with_name(f".{tar.name}.{os.getpid()}.part")
+            for cmd in (["docker", "pull", image], ["docker", "save", image, "-o", str(part)]):
+                log("$ " + " ".join(cmd))
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    part.unlink(missing_ok=True)
+                    raise M3Error(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
+            part.replace(tar)
         out.append(tar)
     return out

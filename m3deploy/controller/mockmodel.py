@@ -13,12 +13,13 @@ smaller vocabulary every reply's content is null (docs/DYNAMO.md).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import random
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from m3deploy.core.errors import M3Error
@@ -194,26 +195,54 @@ def write_model_dir(directory: str | os.PathLike, served_name: str = NAME) -> st
     return digest(files)
 
 
-@functools.lru_cache(maxsize=None)
+_built: dict[tuple[str, str], Path] = {}  # (cache root, served name) -> published directory, in this process
+
+
+def _pointer(served_name: str) -> Path:
+    from m3deploy.controller.artifacts import cache_root
+
+    key = hashlib.sha256((served_name + "\0" + Path(__file__).read_text()).encode()).hexdigest()[:16]
+    return cache_root() / "mock-model" / f"by-source-{key}"
+
+
+def cached_model_dir(served_name: str = NAME) -> Path | None:
+    """The published copy for `served_name` and this generator's source, or None (builds nothing)."""
+    pointer = _pointer(served_name)
+    d = pointer.parent / pointer.read_text().strip() if pointer.is_file() else None
+    return d if d is not None and all((d / n).is_file() for n in FILES) else None
+
+
 def ensure_model_dir(served_name: str = NAME) -> Path:
     """The controller's cached copy: ~/.cache/m3deploy/mock-model/<digest-prefix>/ (built once).
 
     Training the tokenizer takes ~0.5 s, so the digest directory is remembered per (served name, this
-    generator's source): later runs only read the cached files."""
-    from m3deploy.controller.artifacts import cache_root
-    root = cache_root() / "mock-model"
-    key = hashlib.sha256((served_name + "\0" + Path(__file__).read_text()).encode()).hexdigest()[:16]
-    pointer = root / f"by-source-{key}"
-    if pointer.is_file():
-        d = root / pointer.read_text().strip()
-        if all((d / n).is_file() for n in FILES):
-            return d
-    files = build_files(served_name)
-    d = root / digest(files)[:16]
-    if not all((d / n).is_file() for n in FILES):
-        write_model_dir(d, served_name)
-    root.mkdir(parents=True, exist_ok=True)
-    pointer.write_text(d.name + "\n")
+    generator's source) in `by-source-<key>`: later runs only read the cached files. Safe under concurrency
+    (m3deploy.controller.cachelock): built in a private directory under the lock, published with one rename."""
+    from m3deploy.controller.cachelock import locked
+
+    pointer = _pointer(served_name)
+    root = pointer.parent
+    memo = (str(root), served_name)
+    if memo in _built and all((_built[memo] / n).is_file() for n in FILES):
+        return _built[memo]
+    with locked(pointer, f"the mock model for {served_name}"):
+        d = cached_model_dir(served_name)
+        if d is None:
+            files = build_files(served_name)
+            d = root / digest(files)[:16]
+            if not all((d / n).is_file() for n in FILES):
+                root.mkdir(parents=True, exist_ok=True)
+                work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+                os.chmod(work, 0o755)
+                for name, text in files.items():
+                    (work / name).write_text(text)
+                if d.exists():  # incomplete: set aside, never deleted under a reader
+                    d.rename(root / f".broken-{d.name}-{os.getpid()}-{time.time_ns()}")
+                work.rename(d)
+            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+            tmp.write_text(d.name + "\n")
+            os.replace(tmp, pointer)
+    _built[memo] = d
     return d
 
 

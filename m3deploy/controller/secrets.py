@@ -12,6 +12,7 @@ import secrets as _secrets
 import stat
 from pathlib import Path
 
+from m3deploy.controller.cachelock import locked
 from m3deploy.core.errors import M3Error
 
 # name -> what it is. Values: "m3p-" + 32 url-safe chars (a letter first, so config parsers never
@@ -57,19 +58,26 @@ def load_secrets(cluster: str) -> dict[str, str]:
 
 
 def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
-    """Load the store, adding any missing secret (generated once, then reused forever)."""
+    """Load the store, adding any missing secret (generated once, then reused forever).
+
+    Under the store's lock (m3deploy.controller.cachelock): two hosts' greenlets, or two processes, deploying one cluster
+    at once must never generate two different passwords (hosts would get mismatched secrets)."""
     data = load_secrets(cluster)
-    missing = [n for n in names if n not in data]
-    if missing:
-        for n in missing:
-            data[n] = _new_value()
-        path = secrets_path(cluster)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o700)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
+    if all(n in data for n in names):
+        return data
+    path = secrets_path(cluster)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    with locked(path, f"the secrets store of {cluster}"):
+        data = load_secrets(cluster)  # another writer may have added them while we waited
+        missing = [n for n in names if n not in data]
+        if missing:
+            for n in missing:
+                data[n] = _new_value()
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
     return data

@@ -4,6 +4,8 @@ Roles call `host_plan()` (the current host's part) or `cluster_plan()`; nothing 
 """
 from __future__ import annotations
 
+import threading
+
 import click
 from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
@@ -14,6 +16,7 @@ from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 _CACHE_ATTR = "_m3deploy_plan"
+_build_lock = threading.Lock()  # cooperative under pyinfra (gevent.monkey.patch_all)
 
 
 class InvalidPlan(CliError, PyinfraError):
@@ -50,12 +53,35 @@ def _cluster_name() -> str:
 
 
 def cluster_plan() -> ClusterPlan:
-    """The validated plan for this pyinfra run (raises ValidationError with every problem)."""
+    """The validated plan for this pyinfra run (raises ValidationError with every problem).
+
+    The first host's greenlet builds it and then every controller artifact the deploy needs
+    (m3deploy.controller.prepare: wheelhouses, mock model, secrets, image archives), once, while the other hosts'
+    greenlets wait on the lock (pyinfra loads deploy.py for every host at once): nothing is built lazily
+    inside one host's operations, and an artifact that cannot be had stops the run before any host changes."""
     cached = getattr(state, _CACHE_ATTR, None)
-    if cached is None:
-        cached = planmod.build(hosts_from_pyinfra(state.inventory), name=_cluster_name())
-        setattr(state, _CACHE_ATTR, cached)
+    if cached is not None:
+        return cached
+    with _build_lock:
+        cached = getattr(state, _CACHE_ATTR, None)
+        if cached is None:
+            hosts = hosts_from_pyinfra(state.inventory)
+            cached = planmod.build(hosts, name=_cluster_name())
+            if cached.state != "absent":
+                _prepare_controller(cached, {h.name: h.data for h in hosts})
+            setattr(state, _CACHE_ATTR, cached)
     return cached
+
+
+def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
+    from m3deploy.controller import prepare, secrets
+
+    def say(msg: str) -> None:
+        if not msg.startswith("$ "):  # pip's command lines stay out of pyinfra's output
+            print(f"    [controller] {msg}", flush=True)
+
+    prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
+    secrets.ensure_secrets(plan.name)
 
 
 def host_plan() -> HostPlan:

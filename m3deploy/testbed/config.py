@@ -20,7 +20,7 @@ APT_PROXY_PORT = 3149          # not 3142: a system apt-cacher-ng may hold *:314
 SUITE = "bookworm"
 
 STATE_ROOT = "/var/lib/m3deploy/testbed"
-CACHE_ROOT = "/var/cache/m3deploy/testbed"
+CACHE_ROOT = os.environ.get("M3_TESTBED_CACHE") or "/var/cache/m3deploy/testbed"  # image + apt cache (CI: cold)
 LOCK_PATH = "/run/lock/m3deploy-testbed.lock"
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_PARENT = "m3deploy-testbed"     # /sys/fs/cgroup/<hierarchy>/m3deploy-testbed/<name>/<host>

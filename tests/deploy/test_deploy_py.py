@@ -64,22 +64,21 @@ def controller(tmp_path, monkeypatch, deploy_file):
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
     monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
-    import roles.artifacts
     from m3deploy.controller import mockmodel
 
     _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
-    roles.artifacts._wheelhouse.cache_clear()  # per-run caches, keyed without the cache root
-    mockmodel.ensure_model_dir.cache_clear()
+    artifacts._checked.clear()  # per-process memo of verified wheelhouses
+    mockmodel._built.clear()
     # the hosts' wheelhouse, and the engine containers' (python3.12 on x86_64 and on GB200's aarch64)
     targets = (artifacts.HOSTS, artifacts.Target.container("3.12", "x86_64"),
                artifacts.Target.container("3.12", "aarch64"))
     for version, target in [("1.6.1", t) for t in targets]:
-        wh = artifacts.wheelhouse_dir(version, target)
+        wh = artifacts.wheelhouse_dir(version, target) / ".build-test"
         wh.mkdir(parents=True)
         (wh / "pip-25.0-py3-none-any.whl").write_bytes(b"not really a wheel")
         (wh / artifacts.REQS_FILE).write_text("ai-dynamo-runtime==1.6.1\n")
         artifacts.write_manifest(wh)
-        (wh / artifacts.COMPLETE).write_text("ai-dynamo==1.6.1\n")
+        artifacts.publish_wheelhouse(wh, version, target)
 
     def no_pypi(*a, **kw):
         raise AssertionError("the deploy tests must not download wheels")
@@ -537,6 +536,22 @@ def test_invalid_plan_exits_2_before_any_op(inv, override, problem, capsys):
     err = str(run.error.message)  # what pyinfra's CLI prints once (InvalidPlan.show)
     assert err.startswith("invalid cluster plan, nothing was changed:")
     assert problem in err, err
+
+
+def test_missing_controller_artifact_exits_2_before_any_op(tmp_path):
+    """A controller artifact that cannot be had (here an image archive, air-gapped) stops the whole run at
+    prepare, once, naming the fix, before any host is touched (m3deploy.controller.prepare runs before per-host work)."""
+    from m3deploy.deploy.context import InvalidPlan
+
+    hosts_ = inventory.load_inventory(ROOT / "inventories" / "h200.py")
+    groups = {"control": [], "workers": [h.name for h in hosts_], "h200": [h.name for h in hosts_]}
+    hosts = {h.name: {"data": dict(h.data), "facts": {}} for h in hosts_}
+    run = _runner["run"](hosts, groups, override_data={"m3_image_archive_dir": str(tmp_path)}, raises=(InvalidPlan,))
+    assert isinstance(run.error, InvalidPlan) and run.error.exit_code == 2
+    assert run.state.get_op_order() == []
+    err = str(run.error.message)
+    assert err.startswith("the controller could not prepare the deploy, nothing was changed:")
+    assert f"m3deploy save-images INVENTORY {tmp_path}" in err, err
 
 
 def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):

@@ -49,10 +49,10 @@ def ssh(host, cmd, *opts, check=True, timeout=120):
 @pytest.fixture(scope="session")
 def tb():
     if os.geteuid() != 0:
-        pytest.skip("the testbed needs root")
+        pytest.fail("the testbed needs root")
     for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng"):
         if not shutil.which(tool):
-            pytest.skip(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
+            pytest.fail(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
     cli("down", "--name", NAME)          # a leftover of an earlier, interrupted run
     with open(INOTIFY) as f:
         inotify_before = f.read().strip()
@@ -143,7 +143,8 @@ def test_strict_host_keys_refuse_a_wrong_key(tb, tmp_path):
 
 
 def test_testinfra_with_ssh_config(tb):
-    testinfra = pytest.importorskip("testinfra")
+    import testinfra
+
     for h in state()["hosts"]:
         host = testinfra.get_host(f"ssh://{h['name']}", ssh_config=f"{STATE_DIR}/ssh_config")
         assert host.file("/etc/hostname").content_string.strip() == h["name"]
@@ -265,7 +266,7 @@ def test_down_leaves_nothing(tb):
 def test_down_cleans_a_half_built_testbed():
     """No state.json, only leftovers found by name prefix (e.g. `up` killed half-way)."""
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        pytest.fail("needs root")
     name = "m3e2h"
     subprocess.run(["ip", "netns", "add", f"{name}-01"], check=True)
     subprocess.run(["ip", "link", "add", f"{name}-br", "type", "bridge"], check=True)

@@ -2,7 +2,7 @@
 
 No testbed, no SSH: etcd, NATS (JetStream + monitor), the Dynamo frontend and two mocker workers run
 as plain processes on 127.0.10.1 (control), 127.0.10.2 and 127.0.10.3 (workers), each started from
-the argv and env of a plan built with `m3deploy.core.build.hosts_from_dict` (so the plan's own flags are
+the argv and env of a plan built with `m3deploy.core.inventory.hosts_from_dict` (so the plan's own flags are
 what runs). Then `m3deploy.check.smoke` and the controller-side health checks of `m3deploy.check.verify` run
 against it and must all pass.
 
@@ -47,19 +47,18 @@ def loopback_plan(root: str, workers=(W1, W2), control=CONTROL) -> ClusterPlan:
     return planmod.build(hosts, name="loopback")
 
 
-def find_venv() -> str | None:
-    """An existing Dynamo venv, or one built offline from the wheelhouse (None when neither exists)."""
+def find_venv() -> str:
+    """$M3_DYNAMO_VENV, or a venv built offline from the controller's wheelhouse (built from PyPI first when the
+    cache is cold, as a deploy would: never a skip)."""
     env = os.environ.get("M3_DYNAMO_VENV")
     if env:
         return env
     from m3deploy.controller import artifacts
 
-    venv = artifacts.cache_root() / "verify-venv" / f"dynamo-{DYNAMO_VERSION}"
+    wh = artifacts.ensure_wheelhouse(DYNAMO_VERSION, log=lambda m: print(m, file=sys.stderr))
+    venv = artifacts.cache_root() / "verify-venv" / f"dynamo-{DYNAMO_VERSION}-{wh.name}"
     if (venv / "bin" / "python").exists() and (venv / ".complete").exists():
         return str(venv)
-    wh = artifacts.wheelhouse_dir(DYNAMO_VERSION)
-    if not (wh / artifacts.COMPLETE).exists():
-        return None
     shutil.rmtree(venv, ignore_errors=True)
     reqs = artifacts.read_requirements(wh)
     pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wh)]
@@ -191,13 +190,11 @@ def _ports_free() -> list[str]:
 def stack():
     for tool in ("etcd", "nats-server"):
         if not shutil.which(tool, path="/usr/bin:/usr/sbin"):
-            pytest.skip(f"{tool} missing: apt-get -o DPkg::Lock::Timeout=900 install -y etcd-server nats-server")
+            pytest.fail(f"{tool} missing: apt-get -o DPkg::Lock::Timeout=900 install -y etcd-server nats-server")
     busy = _ports_free()
     if busy:
-        pytest.skip(f"loopback ports in use ({', '.join(busy)}): another stack runs on 127.0.10.x; stop it")
+        pytest.fail(f"loopback ports in use ({', '.join(busy)}): another stack runs on 127.0.10.x; stop it")
     venv = find_venv()
-    if venv is None:
-        pytest.skip("no Dynamo venv: set M3_DYNAMO_VENV or build the wheelhouse (python -m m3deploy.controller.artifacts)")
     st = LoopbackStack(venv)
     try:
         st.start()

@@ -34,7 +34,7 @@ def test_saves_base_images_of_dynamo_workers(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     base = ("vllm/vllm-openai:nightly-5555a2d8f7116b2b4877f66516f4128176cf722a"
             "@sha256:8896fd7b29fc4ee7ce839f146cb4757984c476ec79d0234ffa8c995dee6e339a")
-    assert log.read_text().splitlines() == [f"pull {base}", f"save {base} -o {out / image_archive_name(base)}.part"]
+    assert log.read_text().splitlines() == [f"pull {base}", f"save {base} -o {out / ('.' + image_archive_name(base))}.{os.getpid()}.part"]
     assert (out / image_archive_name(base)).read_text() == "archive\n"
     assert f"--data m3_image_archive_dir={out}" in r.output
     # again: nothing to do

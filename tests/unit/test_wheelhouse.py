@@ -49,10 +49,10 @@ def test_bad_manifest_is_a_clear_error(tmp_path):
 
 def test_ensure_is_a_noop_when_complete(tmp_path, monkeypatch):
     monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path))
-    d = artifacts.wheelhouse_dir("9.9.9")
-    d.parent.mkdir(parents=True)
-    fake_wheelhouse(d)
-    (d / artifacts.COMPLETE).write_text("x")
+    home = artifacts.wheelhouse_dir("9.9.9")
+    home.mkdir(parents=True)
+    d = artifacts.publish_wheelhouse(fake_wheelhouse(home / ".build-x"), "9.9.9")
+    assert d.parent == home and (home / artifacts.CURRENT).resolve() == d.resolve()
     monkeypatch.setattr(artifacts, "_pip_download", lambda *a, **k: pytest.fail("downloaded again"))
     assert artifacts.ensure_wheelhouse("9.9.9") == d
 

@@ -1,0 +1,63 @@
+"""`m3deploy artifacts INVENTORY [--check] [--from DIR] [--images]`: build (once) or check every controller artifact
+a deploy needs (m3deploy.controller.prepare)."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from m3deploy.cli import _parse_data, fail
+from m3deploy.controller import prepare
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory as inventory_mod
+from m3deploy.core.errors import M3Error
+
+
+@click.command("artifacts")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--check", "check_only", is_flag=True, help="Only verify what is there; build nothing (exit 1 if "
+              "anything is missing or does not verify).")
+@click.option("--from", "source", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="Air-gapped controller: build the wheelhouses from this directory of wheels (no index).")
+@click.option("--images", "save_images", is_flag=True, help="Also `docker save` the plan's images into "
+              "m3_image_archive_dir (otherwise a missing archive is an error naming m3deploy save-images).")
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def artifacts(inventory, check_only, source, save_images, data):
+    """Build (once) and verify every controller artifact a deploy of INVENTORY needs: the ai-dynamo wheelhouse
+    for each Python and CPU the hosts and engine containers need, the mock model, image archives. Safe to run
+    beside a deploy: each artifact is built under a lock and published atomically. A deploy builds the same
+    list itself before its first operation; this command does it ahead of time (or checks it)."""
+    try:
+        hosts = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
+        p = planmod.build(hosts, name=inventory_mod.cluster_name(hosts, Path(inventory).stem))
+        by_name = {h.name: h.data for h in hosts}
+        todo = prepare.needs(p, data_of=lambda n: by_name.get(n, {}))
+    except M3Error as e:
+        fail(e)
+    if not todo:
+        click.echo(f"{inventory}: the deploy needs no controller artifact")
+        return
+    bad = 0
+    for need in todo:
+        hosts_txt = f"{len(need.hosts)} host(s): {', '.join(need.hosts[:4])}{' ...' if len(need.hosts) > 4 else ''}"
+        if check_only:
+            where, problems = prepare.check(need)
+            bad += bool(problems)
+            status = "ok" if not problems else "PROBLEM: " + "; ".join(problems[:3])
+            click.echo(f"{'ok ' if not problems else 'BAD'} {need.label}\n    {where or '-'}\n    {status}; "
+                       f"for {hosts_txt}")
+            continue
+        t0 = time.monotonic()
+        try:
+            where = prepare.ensure(need, log=lambda m: click.echo(f"    {m}", err=True), source=source,
+                                   save_images=save_images)
+        except M3Error as e:
+            fail(e)
+        click.echo(f"ok  {need.label}\n    {where}  ({time.monotonic() - t0:.1f} s; for {hosts_txt})")
+    if bad:
+        click.echo(f"{bad} of {len(todo)} artifact(s) missing or not verified. Fix: m3deploy artifacts {inventory}",
+                   err=True)
+        sys.exit(1)
+
