@@ -81,7 +81,7 @@ def deploy_artifacts():
     mockers = [s for s in native if s.kind == "worker" and cp.engine == "mocker"]
     if mockers:
         if not cp.model_dir:
-            raise M3Error("engine mocker needs the plan's model_dir (m3_model_dir)")
+            raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: <m3_state_dir>/models/mock-minimax-m3)")
         model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)
         u.put_dir(name=f"Ship the mock model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
                   names=tuple(mockmodel.FILES))

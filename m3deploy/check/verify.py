@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterable, Mapping
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
-from m3deploy.check.checks import *  # noqa: F403
-from m3deploy.check.checks import _url_host  # noqa: F401
+from m3deploy.check.checks import (WILDCARDS, Check, CheckFailed, Context, Result, _url_host, frontend, frontend_url,
+                                   generate_instances, instance_address, instance_services, ssh_command)
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:

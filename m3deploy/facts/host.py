@@ -9,8 +9,11 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from m3deploy.facts.parse import *  # noqa: F403 (every parser and its constants)
-from m3deploy.facts.parse import _int, _json  # noqa: F401
+from m3deploy.facts.parse import (NVIDIA_QUERY_FIELDS, NVIDIA_SMI_MARKER, parse_amd_devices, parse_amd_smi_static,
+                                  parse_cuda_version, parse_df, parse_docker, parse_docker_image, parse_dpkg_versions,
+                                  parse_nvidia_query, parse_nvlink_status, parse_os_release, parse_proc_driver_version,
+                                  parse_proc_net_route, parse_rdma, parse_reboot, parse_rocm_smi_json,
+                                  parse_rocm_topology, parse_rocm_version, parse_services, parse_topo_matrix)
 
 
 

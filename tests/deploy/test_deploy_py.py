@@ -670,3 +670,16 @@ def test_readiness_waits_are_wired(inv, cluster_run):
         heads = [s for s in hp.services if s.kind == "worker" and s.rank == 0]
         listed = [n for n in names if n.startswith("Wait until the frontend lists")]
         assert len(listed) == (1 if heads and cluster.plan.serving == "dynamo" else 0), (name, listed)
+
+
+def test_the_plan_is_built_once_per_deploy(dynamo_ready, monkeypatch):
+    """GB200 trays are multi-host GPU hosts: their fact env (NCCL/UCX) is overlaid onto the one plan
+    (core.build.with_fact_env), never by rebuilding and revalidating the cluster plan per host."""
+    cluster = Cluster("gb200")
+    assert sum(1 for h in cluster.plan.hosts if h.needs_rdma) == 2
+    calls = []
+    build = planmod.build
+    monkeypatch.setattr(planmod, "build", lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    run = cluster.run()
+    assert run.error is None
+    assert len(calls) == 1

@@ -1,4 +1,4 @@
-"""Golden tests: every launch command of the serving recipe (seeds/000) and the vendor blog (seeds/002),
+"""Golden tests: every launch command of the serving recipe (tests/fixtures/seeds/000-serving-recipe.txt) and the vendor blog (tests/fixtures/seeds/002-vendor-blog.txt),
 copied verbatim below, is reproduced by the plan from data — same program, model, flags with values, and env.
 
 Flag order is not compared (vLLM's argparse is order-independent and the seed itself orders the same flags
@@ -178,7 +178,7 @@ def test_nvfp4_eagle3_gqa():
 
 
 def test_encoder_parallel_nvidia_and_blog_vllm_line():
-    """seeds/002's vLLM line: TP8+EP with the NVIDIA vision-encoder flags; it omits --mm-encoder-tp-mode,
+    """tests/fixtures/seeds/002-vendor-blog.txt's vLLM line: TP8+EP with the NVIDIA vision-encoder flags; it omits --mm-encoder-tp-mode,
     which the recipe's Encoder Parallel adds, so the user drops it with m3_unset_args."""
     _, svc = worker("b200", parallel="tp8-ep", features=["encoder-parallel"], m3_extra_args=["--trust-remote-code"],
                     m3_unset_args=["--mm-encoder-tp-mode"])
@@ -396,7 +396,7 @@ GB200_DATA = dict(variant="nvfp4", serving="dynamo", features=["eagle3-gqa", "te
                   m3_cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64])
 # what the plan adds on top of the seed's env: the timeouts the seed says to raise, the IMEX channel,
 # Dynamo's advertised addresses, NATS event plane, etcd/NATS auth user and health server
-# (notes/dynamo-1.6.1.md, docs/DYNAMO.md), offline weights.
+# (docs/DYNAMO.md), offline weights.
 GB200_PLAN_ENV = {"VLLM_ENGINE_READY_TIMEOUT_S": "3600", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
                   "NVIDIA_IMEX_CHANNELS": "0", "DYN_REQUEST_PLANE": "tcp", "HOME": "/root",
                   "DYN_EVENT_PLANE": "nats", "ETCD_AUTH_USERNAME": "m3", "NATS_AUTH_USERNAME": "m3",

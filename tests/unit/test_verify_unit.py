@@ -13,7 +13,7 @@ from m3deploy.core import inventory
 
 from m3deploy.check import smoke
 
-from m3deploy.check import verify
+from m3deploy.check import checks, verify
 from m3deploy.core.build import InvHost
 
 
@@ -30,7 +30,7 @@ def test_ssh_config_from_inventory_data(tmp_path):
     hosts = [InvHost("a", ("control",), {"ssh_hostname": "10.1.0.1", "ssh_user": "root", "ssh_key": "/k/id key",
                                          "ssh_known_hosts_file": "/k/known_hosts", "ssh_port": 2222}),
              InvHost("b", ("workers",), {})]
-    text = verify.ssh_config_text(hosts, str(tmp_path))
+    text = checks.ssh_config_text(hosts, str(tmp_path))
     a = text.split("Host b")[0]
     for line in ("Host a", "HostName 10.1.0.1", "User root", "Port 2222", 'IdentityFile "/k/id key"',
                  "IdentitiesOnly yes", "UserKnownHostsFile /k/known_hosts", "StrictHostKeyChecking yes",
@@ -44,7 +44,7 @@ def test_ssh_config_from_inventory_data(tmp_path):
 
 def test_write_ssh_config_is_private_and_removed():
     hosts = [InvHost("a", ("control",), {"ssh_hostname": "10.1.0.1"})]
-    path, d = verify.write_ssh_config(hosts)
+    path, d = checks.write_ssh_config(hosts)
     try:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
@@ -76,12 +76,12 @@ LISTEN 0      4096   [::1]:631       [::]:*
 
 
 def test_parse_ss():
-    ls = verify.parse_ss("State Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n" + SS)
-    assert verify.Listener("10.0.0.1", 2379, "etcd,pid=9434") in ls
-    assert verify.Listener("::", 22, "sshd,pid=1") in ls
-    assert verify.Listener("0.0.0.0", 8000, "") in ls
-    assert verify.Listener("127.0.0.53", 53, "") in ls
-    assert verify.Listener("::1", 631, "") in ls
+    ls = checks.parse_ss("State Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n" + SS)
+    assert checks.Listener("10.0.0.1", 2379, "etcd,pid=9434") in ls
+    assert checks.Listener("::", 22, "sshd,pid=1") in ls
+    assert checks.Listener("0.0.0.0", 8000, "") in ls
+    assert checks.Listener("127.0.0.53", 53, "") in ls
+    assert checks.Listener("::1", 631, "") in ls
     assert len(ls) == 6
 
 
@@ -103,7 +103,7 @@ def test_health_generate_instances_and_addresses():
     assert [i["instance_id"] for i in inst] == [2165565299337740553, 7]
     assert [verify.instance_address(i) for i in inst] == ["10.0.0.2", "10.0.0.3"]
     assert verify.instance_address({"transport": {"nats_tcp": "nats://10.0.0.9:4222/x"}}) == "10.0.0.9"
-    assert verify.worker_id_hex(2165565299337740553) == "1e0da22a84f04109"
+    assert checks.worker_id_hex(2165565299337740553) == "1e0da22a84f04109"
 
 
 METRICS = """\
@@ -119,10 +119,10 @@ weird{a="x\\"y, z",b="2"} 1.5e3
 
 
 def test_parse_prometheus_and_generate_requests():
-    samples = verify.parse_prometheus(METRICS)
+    samples = checks.parse_prometheus(METRICS)
     assert ("dynamo_engine_request", {}, 0.0) in samples
     assert ("weird", {"a": 'x"y, z', "b": "2"}, 1500.0) in samples
-    assert verify.generate_requests(METRICS) == {"1e0da22a84f04109": 12.0}
+    assert checks.generate_requests(METRICS) == {"1e0da22a84f04109": 12.0}
 
 
 def test_deltas():
