@@ -5,13 +5,16 @@ never touches a user's testbed (m3tb, 10.77.0.0/24), checks what a host must be,
 testbed down and checks that nothing is left. Tests run in file order; the last one is `down`.
 """
 
+import http.server
 import json
 import os
 import runpy
 import shutil
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,6 +25,8 @@ NAME = "m3e2e"
 SUBNET = "10.78.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+PROXY_CACHE = f"/var/cache/m3deploy/testbed/apt-cache/{NAME}"  # the apt proxy's cache; `down` keeps it
+APT_BOUND_S = 120  # 3 fresh hosts, cold proxy: ~10-15 s here (2 cores); issue 8 saw > 300 s
 CLI = [sys.executable, "-m", "m3deploy.testbed.cli"]
 INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
 
@@ -54,6 +59,7 @@ def tb():
         if not shutil.which(tool):
             pytest.fail(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
     cli("down", "--name", NAME)          # a leftover of an earlier, interrupted run
+    shutil.rmtree(PROXY_CACHE, ignore_errors=True)  # cold proxy: hosts' first apt-get goes through to the mirror
     with open(INOTIFY) as f:
         inotify_before = f.read().strip()
     t0 = time.monotonic()
@@ -178,6 +184,127 @@ def test_inventory_without_testbed_names_the_fix():
     res = subprocess.run([sys.executable, "-c", "import runpy; runpy.run_path('inventories/testbed.py')"],
                          capture_output=True, text=True, cwd=REPO, env=env)
     assert res.returncode != 0 and "m3deploy testbed up 3 --name m3none" in res.stderr
+
+
+def _apt_diagnostics(st, hosts, log_dir=None, port=None):
+    """What to look at when apt through the proxy stalls: the proxy's log, its connections, apt/dpkg on each host."""
+    log_dir = log_dir or os.path.join(st["state_dir"], "apt-proxy", "log")
+    port = port or st["apt_proxy"]["url"].rsplit(":", 1)[1]
+    out = []
+    for f in ("apt-cacher.err", "apt-cacher.log"):
+        try:
+            out.append(f"--- {log_dir}/{f} (tail)\n" + "".join(open(os.path.join(log_dir, f)).readlines()[-15:]))
+        except OSError as exc:
+            out.append(f"--- {log_dir}/{f}: {exc}")
+    conns = subprocess.run(["ss", "-Htn", "state", "all", f"( sport = :{port} )"], capture_output=True, text=True)
+    out.append(f"--- proxy connections (ss)\n{conns.stdout}")
+    for h in hosts:
+        ps = ssh(h, "ps -eo pid,etime,comm,args | awk '$3 ~ /^(apt|apt-get|dpkg|http|gpgv|sqv)$/'",
+                 check=False, timeout=20)
+        out.append(f"--- {h}: apt/dpkg processes\n{ps.stdout}{ps.stderr}")
+    return "\n".join(out)
+
+
+def _exec_on_every_host(command, bound_s, **diag):
+    """`pyinfra -y inventories/testbed.py exec -- COMMAND` on every host at once, as a user runs it. Returns the
+    seconds it took; fails with the proxy's log and connections and each host's apt processes when any host does
+    not finish within bound_s."""
+    st = state()
+    hosts = [h["name"] for h in st["hosts"]]
+    # unbuffered: on a timeout, the output shows which hosts had finished (a pipe gets pyinfra's output in blocks)
+    env = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "pyinfra", "-y", "inventories/testbed.py", "exec", "--", command]
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=bound_s)
+    except subprocess.TimeoutExpired as exc:
+        partial = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                          for b in (exc.stdout, exc.stderr))  # pyinfra prints the hosts' output on stderr
+        done = [h for h in hosts if f"[{h}] Success" in partial]
+        pytest.fail(f"`{command}` on {len(hosts)} hosts at once did not finish in {bound_s} s "
+                    f"(finished: {done or 'none'}):\n{partial[-3000:]}\n{_apt_diagnostics(st, hosts, **diag)}")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, f"{out[-3000:]}\n{_apt_diagnostics(st, hosts, **diag)}"
+    assert [h for h in hosts if f"[{h}] Success" not in out] == [], out[-3000:]
+    return time.monotonic() - t0
+
+
+def test_pyinfra_installs_a_package_on_every_host_at_once(tb):
+    """Issue 8: `pyinfra -y inventories/testbed.py exec -- 'apt-get update && apt-get install -y jq'` on 3 fresh
+    hosts hung > 300 s on 2 of them. The same command, as a user runs it: every host at once, fresh hosts, cold
+    proxy cache (the fixture empties it). Every host must finish within APT_BOUND_S and have the package."""
+    took = _exec_on_every_host("apt-get update && apt-get install -y jq", APT_BOUND_S)
+    for h in state()["hosts"]:
+        status = ssh(h["name"], "dpkg-query -W -f='${Status} ${Version}' jq && jq --version").stdout
+        assert status.startswith("install ok installed "), (h["name"], status)
+    print(f"apt-get update + install jq on {len(state()['hosts'])} hosts at once (cold proxy): {took:.1f} s")
+
+
+class _StallingMirror(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """A stand-in Debian mirror that answers the first request on each connection, then holds the connection
+    open and silent (like a middlebox that drops kept-alive connections without a reset)."""
+    daemon_threads = True
+
+    def __init__(self, address, root):
+        self.stop = threading.Event()
+        mirror = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def __init__(self, *a, **k):
+                super().__init__(*a, directory=root, **k)
+
+            def handle(self):
+                self.handle_one_request()
+                mirror.stop.wait(120)
+
+            def log_message(self, *a):
+                pass
+
+        super().__init__(address, Handler)
+
+
+def test_a_mirror_that_stalls_reused_connections_stalls_no_host(tb, tmp_path):
+    """The apt proxy opens one upstream connection per download (ReuseConnections: 0). With reuse, downloads of the
+    hosts queue on kept-alive connections the mirror no longer answers: this test timed out at 90 s with 1 of the
+    3 hosts still in `apt-get update` (run by hand: > 200 s, none done); without reuse it takes 10-20 s.
+    A second apt-cacher-ng from the testbed's own acng.conf, whose mirror is a _StallingMirror on the bridge that
+    serves what the test above cached; every host runs apt-get update + download through it at once."""
+    from m3deploy.testbed import config as C
+    st = state()
+    bridge = st["bridge"]["address"]
+    mirror = _StallingMirror((bridge, C.APT_PROXY_PORT + 2), PROXY_CACHE)
+    threading.Thread(target=mirror.serve_forever, daemon=True).start()
+    upstream = f"http://{bridge}:{mirror.server_address[1]}"
+    conf, log_dir = tmp_path / "conf", tmp_path / "log"
+    for d in (conf, log_dir, tmp_path / "cache"):
+        d.mkdir()
+    (conf / "backends_debian").write_text(f"{upstream}/debrep/\n")
+    port = C.APT_PROXY_PORT + 1
+    (conf / "acng.conf").write_text(C.render_acng_conf(
+        conf_dir=str(conf), cache_dir=str(tmp_path / "cache"), log_dir=str(log_dir), bind=bridge, port=port,
+        pid_file=str(tmp_path / "pid"), socket_path=str(tmp_path / "socket"), security_backend=f"{upstream}/secdeb"))
+    proxy = subprocess.Popen(["apt-cacher-ng", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["ss", "-Hltn", f"( sport = :{port} )"], capture_output=True, text=True).stdout == "":
+            assert proxy.poll() is None and time.monotonic() < deadline, "the second apt-cacher-ng did not start"
+            time.sleep(0.05)
+        via = f"-o Acquire::http::Proxy=http://{bridge}:{port}"
+        took = _exec_on_every_host(f"apt-get {via} update && cd /tmp && apt-get {via} download jq libjq1 libonig5",
+                                   90, log_dir=str(log_dir), port=port)
+        print(f"3 hosts at once through a mirror that stalls reused connections: {took:.1f} s")
+    finally:
+        proxy.terminate()
+        try:
+            proxy.wait(10)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait(5)
+        mirror.stop.set()
+        mirror.shutdown()
+        mirror.server_close()
 
 
 def test_apt_install_through_the_proxy(tb):

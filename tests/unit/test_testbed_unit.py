@@ -59,6 +59,7 @@ def test_apt_proxy_and_acng_conf():
                               security_backend="http://deb.debian.org/debian-security")
     assert "BindAddress: 10.77.0.1" in acng and "Port: 3149" in acng
     assert "file:/c/backends_debian" in acng
+    assert "ReuseConnections: 0" in acng.splitlines()  # no host's download queues behind another's upstream
 
 
 def test_parse_apt_sources_deb822_and_oneline():
