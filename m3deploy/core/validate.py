@@ -1,11 +1,14 @@
-"""Every rule a cluster must satisfy, checked before any host is touched.
+"""Every rule a cluster must satisfy, checked before any host is touched: a registry of small rules.
 
 Each problem names where (host, key or file), what is wrong, and the fix. All problems are reported at once:
-`check_inventory` looks at the raw m3_* data (so the plan can be built), `check_plan` at the built plan.
+`check_inventory` runs the inventory rules (RULES, then PLATFORM_RULES once the platform, variant, engine and
+parallel mode are known) on the raw m3_* data, so the plan can be built; `check_plan` looks at the built plan.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
 
 from m3deploy.core import catalog, layout, recipes
 from m3deploy.core.inventory import InvHost
@@ -23,88 +26,141 @@ def _list(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
+@dataclass
+class Cluster:
+    """What the inventory rules read, computed once from the raw m3_* data (no messages here)."""
+
+    hosts: list[InvHost]
+    cat: dict = field(default_factory=catalog.catalog)
+
+    def __post_init__(self):
+        self.platforms, self.variants = self.cat["platforms"], self.cat["variants"]
+        self.workers = [h for h in self.hosts if "workers" in h.groups]
+        self.control = [h for h in self.hosts if "control" in h.groups]
+        self.ref = self.workers[0]
+        ref = self.ref
+        self.variant, self.engine = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine"))
+        self.serving, self.state = str(_v(ref, "m3_serving")), str(_v(ref, "m3_state"))
+        raw = _v(ref, "m3_features") or []
+        self.raw_features = [raw] if isinstance(raw, str) else raw
+        self.features = set(effective_features(self.raw_features))
+        self.mode = str(_v(ref, "m3_parallel"))
+        self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
+        self.mml = _v(ref, "m3_max_model_len")
+        self.plat_of = {h.name: h.data["m3_platform"] for h in self.workers
+                        if h.data.get("m3_platform") in self.platforms}
+        # the platform rules need a known platform (on every worker), variant, engine and parallel mode
+        self.known = (ref.name in self.plat_of and self.variant in self.variants and self.engine in self.cat["engines"]
+                      and bool(PARALLEL_RE.match(self.mode)) and len(self.plat_of) == len(self.workers))
+        if self.known:
+            self.platform = self.plat_of[ref.name]
+            self.info, self.vinfo = self.platforms[self.platform], self.variants[self.variant]
+
+
+Add = Callable[[str], None]
+RULES: list[Callable[[Cluster, Add], None]] = []  # any inventory
+PLATFORM_RULES: list[Callable[[Cluster, Add], None]] = []  # once Cluster.known
+
+
+def rule(registry):
+    def register(fn):
+        registry.append(fn)
+        return fn
+    return register
+
+
 def check_inventory(hosts: list[InvHost]) -> list[str]:
-    cat = catalog.catalog()
-    platforms, variants = cat["platforms"], cat["variants"]
-    problems: list[str] = []
-    add = problems.append
+    """Every rule's problems, in rule order (the registries above)."""
     if not hosts:
         return ["the inventory has no hosts. Fix: list hosts in the `control` and `workers` groups"]
-    workers = [h for h in hosts if "workers" in h.groups]
-    control = [h for h in hosts if "control" in h.groups]
-    if not workers:
-        add("the inventory has no `workers` group (GPU hosts). Fix: define `workers = [...]` in the inventory file")
-        return problems
+    if not any("workers" in h.groups for h in hosts):
+        return ["the inventory has no `workers` group (GPU hosts). Fix: define `workers = [...]` in the inventory file"]
+    c = Cluster(hosts)
+    problems: list[str] = []
+    for fn in RULES + (PLATFORM_RULES if c.known else []):
+        fn(c, problems.append)
+    return problems
 
-    # cluster-wide keys must agree across workers
+
+@rule(RULES)
+def cluster_keys_agree(c: Cluster, add: Add) -> None:
     for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
                 "m3_model_id", "m3_dynamo_version", "m3_state"):
         seen = defaultdict(list)
-        for h in workers:
+        for h in c.workers:
             seen[repr(_v(h, key))].append(h.name)
         if len(seen) > 1:
             detail = "; ".join(f"{v} on {_list(names)}" for v, names in seen.items())
             add(f"key {key} differs between workers ({detail}). Fix: set it once in the cluster's group_data file")
 
-    ref = workers[0]
-    variant, engine, serving = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine")), str(_v(ref, "m3_serving"))
-    if variant not in variants:
-        add(f"key m3_variant: unknown variant {variant!r}. Fix: use one of {_list(variants)}")
-    if engine not in cat["engines"]:
-        add(f"key m3_engine: unknown engine {engine!r}. Fix: use one of {_list(cat['engines'])}")
-    if serving not in cat["servings"]:
-        add(f"key m3_serving: unknown serving mode {serving!r}. Fix: use one of {_list(cat['servings'])}")
-    state = str(_v(ref, "m3_state"))
-    if state not in ("present", "absent"):
-        add(f"key m3_state: {state!r} is neither 'present' nor 'absent'")
 
-    raw_features = _v(ref, "m3_features") or []
-    if isinstance(raw_features, str):
-        add(f"key m3_features must be a list, not the string {raw_features!r}. Fix: m3_features = [{raw_features!r}]")
-        raw_features = [raw_features]
-    known = set(cat["features"])
-    for f in raw_features:
+@rule(RULES)
+def known_names(c: Cluster, add: Add) -> None:
+    cat = c.cat
+    if c.variant not in c.variants:
+        add(f"key m3_variant: unknown variant {c.variant!r}. Fix: use one of {_list(c.variants)}")
+    if c.engine not in cat["engines"]:
+        add(f"key m3_engine: unknown engine {c.engine!r}. Fix: use one of {_list(cat['engines'])}")
+    if c.serving not in cat["servings"]:
+        add(f"key m3_serving: unknown serving mode {c.serving!r}. Fix: use one of {_list(cat['servings'])}")
+    if c.state not in ("present", "absent"):
+        add(f"key m3_state: {c.state!r} is neither 'present' nor 'absent'")
+
+
+@rule(RULES)
+def features_known(c: Cluster, add: Add) -> None:
+    raw = _v(c.ref, "m3_features") or []
+    if isinstance(raw, str):
+        add(f"key m3_features must be a list, not the string {raw!r}. Fix: m3_features = [{raw!r}]")
+    known = set(c.cat["features"])
+    for f in c.raw_features:
         base = f[3:] if str(f).startswith("no-") else f
         if base not in known:
             add(f"key m3_features: unknown feature {f!r}. Fix: use any of {_list(sorted(known))} "
                 f"(prefix `no-` to drop a default one)")
-    features = set(effective_features(raw_features))
-    if {"text-only", "encoder-parallel"} <= features:
+    if {"text-only", "encoder-parallel"} <= c.features:
         add("key m3_features: 'text-only' and 'encoder-parallel' are mutually exclusive (text-only skips the vision "
             "encoder that encoder-parallel parallelizes). Fix: keep one")
-    if {"eagle3", "eagle3-gqa"} <= features:
+    if {"eagle3", "eagle3-gqa"} <= c.features:
         add("key m3_features: pick one EAGLE3 draft head, 'eagle3' (MHA) or 'eagle3-gqa'")
 
-    mode = str(_v(ref, "m3_parallel"))
-    size = 0
-    if not PARALLEL_RE.match(mode):
-        add(f"key m3_parallel: {mode!r} is not a parallel mode. Fix: use tp<N>, tp<N>-ep or dp<N>-ep "
-            f"(e.g. {_list(cat['parallel_modes'])})")
-    else:
-        kind, size, ep = parse_parallel(mode)
-        if size < 1:
-            add(f"key m3_parallel: {mode!r} needs a size of at least 1")
 
-    mml = _v(ref, "m3_max_model_len")
+@rule(RULES)
+def parallel_mode(c: Cluster, add: Add) -> None:
+    if not PARALLEL_RE.match(c.mode):
+        add(f"key m3_parallel: {c.mode!r} is not a parallel mode. Fix: use tp<N>, tp<N>-ep or dp<N>-ep "
+            f"(e.g. {_list(c.cat['parallel_modes'])})")
+    elif c.size < 1:
+        add(f"key m3_parallel: {c.mode!r} needs a size of at least 1")
+
+
+@rule(RULES)
+def max_model_len(c: Cluster, add: Add) -> None:
+    mml = c.mml
     if mml is not None:
         if not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0:
             add(f"key m3_max_model_len: {mml!r} is not a positive integer (tokens)")
         elif mml > MAX_CONTEXT:
             add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({MAX_CONTEXT})")
 
+
+@rule(RULES)
+def override_types(c: Cluster, add: Add) -> None:
     for key, kind_ in (("m3_extra_args", (list, tuple, dict)), ("m3_unset_args", (list, tuple)),
                        ("m3_extra_env", (dict,))):
-        val = _v(ref, key)
+        val = _v(c.ref, key)
         if val is not None and not isinstance(val, kind_):
             add(f"key {key}: expected {' or '.join(t.__name__ for t in kind_)}, got {type(val).__name__}")
     try:
-        recipes.parse_arg_list(_v(ref, "m3_extra_args") or [])
+        recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
     except Exception as e:  # M3Error with the offending token
         add(f"key {e}")
 
-    # per-host platform checks
-    plat_of = {}
-    for h in workers:
+
+@rule(RULES)
+def host_platforms(c: Cluster, add: Add) -> None:
+    platforms = c.platforms
+    for h in c.workers:
         p = h.data.get("m3_platform")
         if not p:
             add(f"host {h.name}: key m3_platform is not set. Fix: set it in group_data (one of {_list(platforms)})")
@@ -112,26 +168,26 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
         if p not in platforms:
             add(f"host {h.name}: key m3_platform: unknown platform {p!r}. Fix: use one of {_list(platforms)}")
             continue
-        plat_of[h.name] = p
         gph = h.data.get("m3_gpus_per_host")
         if gph is not None and (not isinstance(gph, int) or gph < 1):
             add(f"host {h.name}: key m3_gpus_per_host: {gph!r} is not a positive integer")
-    # later rules need a known platform, variant, engine and parallel mode
-    if (ref.name not in plat_of or variant not in variants or engine not in cat["engines"]
-            or not PARALLEL_RE.match(mode) or len(plat_of) != len(workers)):
-        return problems
 
-    platform = plat_of[ref.name]
-    info = platforms[platform]
-    vinfo = variants[variant]
-    if "generations" in vinfo and info["generation"] not in vinfo["generations"]:
-        ok = [p for p, i in platforms.items() if i["generation"] in vinfo["generations"]]
+
+@rule(PLATFORM_RULES)
+def variant_fits_platform(c: Cluster, add: Add) -> None:
+    variant, platform, vinfo = c.variant, c.platform, c.vinfo
+    if "generations" in vinfo and c.info["generation"] not in vinfo["generations"]:
+        ok = [p for p, i in c.platforms.items() if i["generation"] in vinfo["generations"]]
         add(f"key m3_variant: {variant} needs {'/'.join(vinfo['generations'])} GPUs but m3_platform is {platform}. "
             f"Fix: use {variant} on {_list(ok)}, or pick another variant (mxfp8, bf16)")
     if "platforms" in vinfo and platform not in vinfo["platforms"]:
         add(f"key m3_variant: {variant} runs only on {_list(vinfo['platforms'])}, not on {platform}. "
             f"Fix: use mxfp8 or bf16 on {platform}")
 
+
+@rule(PLATFORM_RULES)
+def engine_fits(c: Cluster, add: Add) -> None:
+    engine, serving, platform, features, info = c.engine, c.serving, c.platform, c.features, c.info
     if platform == "sim" and engine != "mocker":
         add(f"key m3_engine: the sim platform (testbed, no GPU) runs only the mocker engine, not {engine}. "
             "Fix: m3_engine = 'mocker'")
@@ -149,80 +205,93 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
     if engine == "trtllm" and info["vendor"] != "nvidia":
         add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
 
-    # features a recipe layer scopes (`scope:`): valid only where that layer's own `when` matches
-    ctx = {"platform": platform, "vendor": info["vendor"], "generation": info["generation"], "variant": variant,
-           "parallel": mode}
+
+@rule(PLATFORM_RULES)
+def scoped_features(c: Cluster, add: Add) -> None:
+    """Features a recipe layer scopes (`scope:`): valid only where that layer's own `when` matches."""
+    ctx = {"platform": c.platform, "vendor": c.info["vendor"], "generation": c.info["generation"],
+           "variant": c.variant, "parallel": c.mode}
     for layer in recipes.layers():
         when = {k: v for k, v in layer.when.items() if k not in ("features", "engine")}
         for feature in layer.when.get("features", ()) if layer.scope else ():
-            if feature in features and not recipes.matches(when, ctx):
-                add(f"key m3_features: {feature!r} applies to {layer.scope} only (this cluster: {platform}, "
-                    f"{variant}, {mode}). Fix: drop it")
-    if platform == "mi300x" and variant == "mxfp8" and engine == "vllm" and mml is None:
+            if feature in c.features and not recipes.matches(when, ctx):
+                add(f"key m3_features: {feature!r} applies to {layer.scope} only (this cluster: {c.platform}, "
+                    f"{c.variant}, {c.mode}). Fix: drop it")
+
+
+@rule(PLATFORM_RULES)
+def tuned_recipe_needs_max_model_len(c: Cluster, add: Add) -> None:
+    if c.platform == "mi300x" and c.variant == "mxfp8" and c.engine == "vllm" and c.mml is None:
         add("key m3_max_model_len: the MI300X MXFP8 tuned recipe passes --max-model-len \"$MAX_MODEL_LEN\". "
             "Fix: set m3_max_model_len (e.g. 131072)")
 
-    # layout: tensor/data-parallel size vs GPUs per host x hosts
-    if size:
-        G = {h.name: layout.gpus_per_host(h.data) for h in workers}
-        g = G[ref.name]
-        lay = layout.Layout(size, g)
-        if len(set(G.values())) > 1:
-            add("key m3_gpus_per_host: workers have different GPU counts ("
-                + "; ".join(f"{n}: {c}" for n, c in G.items()) + "). Fix: one GPU count per cluster")
-        elif not lay.multi_host:
-            if not lay.fits:
-                add(f"key m3_parallel: {mode} does not divide a host's {g} GPUs ({platform}) into whole workers. "
-                    f"Fix: use a size that divides {g}")
-        else:
-            if not lay.fits:
-                add(f"key m3_parallel: {mode} is not a multiple of {g} GPUs per {platform} host. Fix: use "
-                    f"{g * max(1, size // g)} or {g * (size // g + 1)}")
-            else:
-                span = lay.span
-                if len(workers) % span:
-                    add(f"group workers: {len(workers)} hosts do not divide into whole {mode} workers of {span} hosts "
-                        f"({g} GPUs each). Fix: use a multiple of {span} hosts, or a smaller m3_parallel")
-                else:
-                    for start in range(0, len(workers), span):
-                        grp = workers[start:start + span]
-                        kinds = {plat_of[h.name] for h in grp}
-                        if len(kinds) > 1:
-                            add(f"worker {start // span} (hosts {_list(h.name for h in grp)}) mixes platforms "
-                                f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
-        if engine == "mocker" and platform == "sim" and size != 1:
-            add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
-        if engine == "trtllm" and size > g:
-            add(f"key m3_parallel: multi-host TensorRT-LLM ({mode} over {g}-GPU hosts) is not supported by m3deploy. "
-                "Fix: use vllm for multi-host workers")
-        # weights must fit in the worker's GPU memory
-        if engine != "mocker" and platform != "sim":
-            per_gpu = int(ref.data.get("m3_gpu_memory_gb") or info["gpu_memory_gb"])
-            mem = per_gpu * size
-            need_gb = vinfo["vram_minimum_gb"]
-            if "fp8-per-channel" in features:
-                need_gb = need_gb // 2
-            if mem < need_gb:
-                add(f"key m3_parallel: {variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
-                    f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
-                    f"size, more hosts per worker, or a smaller variant (mxfp8 {variants['mxfp8']['vram_minimum_gb']} GB)")
 
-    if serving == "dynamo" and not control:
+@rule(PLATFORM_RULES)
+def worker_layout(c: Cluster, add: Add) -> None:
+    """Tensor/data-parallel size vs GPUs per host x hosts (core.layout), and the weights vs GPU memory."""
+    size, mode, platform, workers, engine = c.size, c.mode, c.platform, c.workers, c.engine
+    if not size:
+        return
+    G = {h.name: layout.gpus_per_host(h.data) for h in workers}
+    g = G[c.ref.name]
+    lay = layout.Layout(size, g)
+    if len(set(G.values())) > 1:
+        add("key m3_gpus_per_host: workers have different GPU counts ("
+            + "; ".join(f"{n}: {k}" for n, k in G.items()) + "). Fix: one GPU count per cluster")
+    elif not lay.multi_host:
+        if not lay.fits:
+            add(f"key m3_parallel: {mode} does not divide a host's {g} GPUs ({platform}) into whole workers. "
+                f"Fix: use a size that divides {g}")
+    elif not lay.fits:
+        add(f"key m3_parallel: {mode} is not a multiple of {g} GPUs per {platform} host. Fix: use "
+            f"{g * max(1, size // g)} or {g * (size // g + 1)}")
+    elif len(workers) % lay.span:
+        span = lay.span
+        add(f"group workers: {len(workers)} hosts do not divide into whole {mode} workers of {span} hosts "
+            f"({g} GPUs each). Fix: use a multiple of {span} hosts, or a smaller m3_parallel")
+    else:
+        for i, grp in enumerate(lay.groups(workers)):
+            kinds = {c.plat_of[h.name] for h in grp}
+            if len(kinds) > 1:
+                add(f"worker {i} (hosts {_list(h.name for h in grp)}) mixes platforms "
+                    f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
+    if engine == "mocker" and platform == "sim" and size != 1:
+        add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
+    if engine == "trtllm" and size > g:
+        add(f"key m3_parallel: multi-host TensorRT-LLM ({mode} over {g}-GPU hosts) is not supported by m3deploy. "
+            "Fix: use vllm for multi-host workers")
+    # weights must fit in the worker's GPU memory
+    if engine != "mocker" and platform != "sim":
+        per_gpu = int(c.ref.data.get("m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
+        mem = per_gpu * size
+        need_gb = c.vinfo["vram_minimum_gb"]
+        if "fp8-per-channel" in c.features:
+            need_gb = need_gb // 2
+        if mem < need_gb:
+            add(f"key m3_parallel: {c.variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
+                f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
+                f"size, more hosts per worker, or a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB)")
+
+
+@rule(PLATFORM_RULES)
+def dynamo_needs_control(c: Cluster, add: Add) -> None:
+    if c.serving == "dynamo" and not c.control:
         add("group control: a Dynamo deploy needs a `control` host for etcd, NATS and the frontend. Fix: add "
             "`control = [...]` to the inventory")
 
-    # duplicate hosts / addresses
+
+@rule(PLATFORM_RULES)
+def unique_hosts(c: Cluster, add: Add) -> None:
     seen_addr = defaultdict(list)
-    for h in hosts:
+    for h in c.hosts:
         a = str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name)
         seen_addr[a].append(h.name)
     for a, names in seen_addr.items():
         if len(names) > 1:
             add(f"hosts {_list(names)} share the address {a}. Fix: give each host its own m3_address/ssh_hostname")
-    names = [h.name for h in hosts]
+    names = [h.name for h in c.hosts]
     for n in {n for n in names if names.count(n) > 1}:
         add(f"host {n} is listed twice in the inventory")
-    return problems
 
 
 def check_plan(plan, hosts) -> list[str]:
