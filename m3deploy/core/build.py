@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -75,6 +75,39 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
     return replace(hp, services=tuple(services))
 
 
+@dataclass(frozen=True)
+class _Common:
+    """What every service of the cluster shares: the settings and the choices derived from them."""
+
+    s: Mapping[str, Any]  # every m3_* setting (settings.DEFAULTS filled in), from the first worker
+    mode: str  # "tp" | "dp"
+    size: int
+    ep: bool
+    features: tuple[str, ...]
+    model_id: str
+    served: str
+    etcd: str
+    nats: str
+    venv: str
+    model_dir: str
+    home: str
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """One rank of one worker on one host."""
+
+    idx: int  # worker index
+    rank: int
+    nnodes: int
+    slot: int  # the rank's slot on its host (ports, unit name)
+    host: InvHost
+    address: str
+    master: str  # rank 0's address
+    rank0_host: str
+    devices: tuple[int, ...]
+
+
 def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     cat = catalog.catalog()
     control = [h for h in hosts if "control" in h.groups]
@@ -101,6 +134,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         etcd_url, nats_url = f"http://{a}:{ETCD_CLIENT}", f"nats://{a}:{NATS_CLIENT}"
         services[c0.name] += _control_services(c0.name, a, state_dir, bool(s["m3_auth"]))
 
+    common = _Common(s=s, mode=mode, size=size, ep=ep, features=features, model_id=model_id, served=served,
+                     etcd=etcd_url, nats=nats_url, venv=venv, model_dir=model_dir, home=home)
     # Workers: lay engine instances over hosts.
     gpus_per_host = {h.name: layout.gpus_per_host(h.data) for h in workers}
     lay = layout.Layout(size, gpus_per_host[ref.name] if workers else 1)
@@ -116,11 +151,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             for rank, h in enumerate(group):
                 slot = slot_count[h.name]
                 slot_count[h.name] += 1
-                svc = _worker_service(
+                svc = _worker_service(common, _Rank(
                     idx=widx, rank=rank, nnodes=span, slot=slot, host=h, address=addr[h.name],
-                    master=addr[rank0.name], rank0_host=rank0.name, devices=devices, s=s, mode=mode, size=size,
-                    ep=ep, features=features, model_id=model_id, served=served, etcd=etcd_url, nats=nats_url,
-                    venv=venv, model_dir=model_dir, home=home)
+                    master=addr[rank0.name], rank0_host=rank0.name, devices=devices))
                 services[h.name].append(svc)
                 svc_names.append(f"{h.name}/{svc.name}")
             worker_plans.append(WorkerPlan(index=widx, hosts=tuple(g.name for g in group),
@@ -131,8 +164,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
 
     if serving == "dynamo":
         for c in control:
-            services[c.name].append(_frontend_service(c, addr[c.name], s, served, etcd_url, nats_url, venv,
-                                                      model_dir, home, control[0].name))
+            services[c.name].append(_frontend_service(common, c, addr[c.name], control[0].name))
             # the frontend starts after the control plane; workers after the frontend
         fe = f"{control[0].name}/m3-frontend" if control else ""
         for h in workers:
@@ -228,8 +260,8 @@ def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tup
                   ("DYN_TCP_RESPONSE_STREAM_HOST", a), ("DYN_EVENT_PLANE_HOST", a), ("DYN_SYSTEM_HOST", a)]
 
 
-def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats: str, venv: str, model_dir: str,
-                      home: str, first_control: str) -> Service:
+def _frontend_service(c: _Common, h: InvHost, a: str, first_control: str) -> Service:
+    s, etcd, nats, venv, home = c.s, c.etcd, c.nats, c.venv, c.home
     ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
     env = dict(_dynamo_env(a, etcd, nats, f"{home}/m3-frontend", bool(s["m3_auth"])))
@@ -249,8 +281,11 @@ def _frontend_service(h: InvHost, a: str, s: dict, served: str, etcd: str, nats:
         env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
 
-def _worker_service(*, idx, rank, nnodes, slot, host: InvHost, address, master, rank0_host, devices, s, mode, size,
-                    ep, features, model_id, served, etcd, nats, venv, model_dir, home) -> Service:
+def _worker_service(c: _Common, rk: _Rank) -> Service:
+    s, mode, size, ep, features, served, model_id = c.s, c.mode, c.size, c.ep, c.features, c.served, c.model_id
+    idx, rank, nnodes, slot, host, address = rk.idx, rk.rank, rk.nnodes, rk.slot, rk.host, rk.address
+    master, rank0_host, devices, venv, model_dir, home = rk.master, rk.rank0_host, rk.devices, c.venv, c.model_dir, c.home
+    etcd, nats = c.etcd, c.nats
     platform = str(settings.get(host.data, "m3_platform"))
     info = catalog.platform(platform)
     engine, serving = s["m3_engine"], s["m3_serving"]
