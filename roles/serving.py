@@ -1,6 +1,7 @@
 """The last gate of a deploy: "listed" is not "serving" (Dynamo issue 2296). Runs once per cluster, on the
 host that owns the endpoint (the first control host under Dynamo, the first worker standalone), from the controller:
-the frontend's /health lists every planned worker (Dynamo), then one real chat request is answered.
+the frontend's /health lists every planned worker (Dynamo), `/v1/models/{model}/ready` says ready, then one real
+chat request is answered, and (Dynamo) one request pinned to each worker is answered by that worker.
 
 Reads: cluster_plan() (endpoint, served_model_name, workers, serving); host_plan() (name).
 """
@@ -15,7 +16,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy.check import readiness
+from m3deploy.check import checks, contract, readiness
 from m3deploy.deploy import context
 from m3deploy.core.errors import M3Error
 from roles import _units
@@ -60,7 +61,47 @@ def _serving(cp):
         took = readiness.wait_instances(f"http://{port.address}:{port.port}/health", count=len(cp.workers),
                                         timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
         host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
+        base = f"http://{port.address}:{port.port}"
+        for model in contract.served_models(cp):  # listed is not routable: the frontend's own readiness
+            took = readiness.wait_model_ready(base, model, timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
+            host.log(f"{model}: /v1/models/{{model}}/ready ({took:.1f} s)")
     host.log(f"{cp.endpoint}: {one_request(cp.endpoint, cp.served_model_name, 120)}")
+    if cp.serving == "dynamo":
+        host.log(each_worker_answers(cp))
+
+
+def _worker_ids(cp) -> dict[str, int]:
+    """{"host/service": Dynamo instance id} of every planned worker with a system port, from its own /metrics."""
+    out = {}
+    for h, s in checks.instance_services(cp):
+        url = checks.metrics_url(h, s)
+        if not url:
+            continue
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            ids = list(checks.generate_requests(resp.read().decode("utf-8", "replace")))
+        if not ids:
+            raise M3Error(f"{h.name}/{s.name}: no Dynamo worker id in {url}. Fix: journalctl -u {s.unit} on {h.name}")
+        out[f"{h.name}/{s.name}"] = int(ids[0], 16)
+    return out
+
+
+def each_worker_answers(cp, timeout_s: float = 60) -> str:
+    """Listed is not routable: one real request pinned to each worker must be answered by that worker."""
+    ids = _worker_ids(cp)
+    for key, wid in ids.items():
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid)
+            except (OSError, ValueError) as e:
+                got = f"an error: {e}"
+            if got == wid:
+                break
+            if time.monotonic() >= deadline:
+                raise M3Error(f"a request pinned to {key} (instance {wid}) was answered by {got} after {timeout_s} s. "
+                              "Fix: m3deploy verify (smoke/routable); journalctl -u m3-frontend and the worker's unit")
+            time.sleep(1)
+    return f"each of the {len(ids)} worker(s) answered a request routed to it"
 
 
 @deploy("Check the cluster is serving")

@@ -15,6 +15,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from m3deploy.core.errors import M3Error
+from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
 from roles.artifacts import WHEELHOUSE_ROOT
 from roles.etcd import AUTH_SCRIPT
@@ -51,6 +52,8 @@ def teardown():
     kinds = {s.kind for s in svcs}
     if "etcd" in kinds:
         files.file(name=f"Remove {AUTH_SCRIPT}", path=AUTH_SCRIPT, present=False)
+    if any(SIM_ENGINE in s.argv for s in svcs):
+        files.file(name=f"Remove {SIM_ENGINE}", path=SIM_ENGINE, present=False)
     if "nats" in kinds:
         files.link(name="Unmask nats-server.service", path="/etc/systemd/system/nats-server.service",
                    present=False)

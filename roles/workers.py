@@ -3,13 +3,16 @@
 Reads (through m3deploy.deploy.context): cluster_plan() (name; the frontend service, to wait until it
 lists this host's workers); host_plan().services of kind "worker": command (native venv argv for
 the mocker, `docker run ...` for GPU engines), env, secret_env, env_file, workdir, readiness,
-rank. Only the unit whose unit file or env file changed is restarted (`_if=op.did_change`).
+rank; kind "scripted" (the mocker cluster's tool-call engine) the same way. Mocker and scripted engines run
+files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. Only the unit whose unit file or env file
+(or that script) changed is restarted (`_if=op.did_change`).
 Native workers run as system user m3; container workers as root (docker).
 """
 from pyinfra.api import deploy
-from pyinfra.operations import python
+from pyinfra.operations import files, python
 
 from m3deploy.check import readiness
+from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
 
 
@@ -46,15 +49,19 @@ def _wait_registered(url, address, count, timeout_s):
 @deploy("Deploy the workers")
 def deploy_workers():
     cp, hp = u.plans()
-    workers = u.services(hp, "worker")
+    workers = u.services(hp, "worker") + u.services(hp, "scripted")
     starts = []
     if any(not s.image for s in workers):
         u.ensure_m3_user()
+    sim = []
+    if any(SIM_ENGINE in s.argv for s in workers):  # the mocker and scripted engines (m3deploy.core.simengine)
+        sim.append(files.put(name=f"Ship {SIM_ENGINE}", src=str(u.REPO / "files/m3-sim-engine.py"),
+                             dest=SIM_ENGINE, user="root", group="root", mode="0755"))
     for s in workers:
         user = "root" if s.image else u.M3_USER
         u.ensure_workdir(s, user)
         unit_op, env_op = u.install_service(cp, s, "m3-worker@.service.j2", user)
-        starts.append(u.start_or_restart(s, unit_op, [unit_op, env_op]))
+        starts.append(u.start_or_restart(s, unit_op, [unit_op, env_op, *sim]))
     # all of this host's ranks start first, then the waits: engines load in parallel
     for s, started in zip(workers, starts):
         u.wait_ready(s, started)

@@ -157,3 +157,56 @@ def wait_instances(health_url: str, count: int, timeout_s: float = 120, interval
             msg += f"\n  (could not fetch logs: {e})"
     raise NotReady(msg + "\n  fix: check the workers' units (journalctl -u m3-worker@N) and their "
                          "ETCD_ENDPOINTS/NATS_SERVER")
+
+
+def model_ready(base_url: str, model: str, timeout: float = 5.0) -> tuple[bool | None, str]:
+    """The Dynamo frontend's `GET /v1/models/{model}/ready`: (True, detail) ready, (False, detail) not yet,
+    (None, detail) this build has no such route (a 404 that is not its "Model not found")."""
+    import urllib.parse
+
+    url = f"{base_url.rstrip('/')}/v1/models/{urllib.parse.quote(model, safe='')}/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            status, body = resp.status, resp.read(65536)
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read(65536) if e.fp else b""
+    except (urllib.error.URLError, OSError) as e:
+        return False, f"GET {url}: {getattr(e, 'reason', e)}"
+    text = body.decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = {}
+    if status == 200 and isinstance(doc, dict) and doc.get("ready") is True:
+        return True, f"GET {url}: ready"
+    if status in (404, 405) and not (isinstance(doc, dict) and "not found" in str(doc.get("message", "")).lower()):
+        return None, f"GET {url}: HTTP {status} (no readiness route in this build)"
+    return False, f"GET {url}: HTTP {status}: {text[:200]}"
+
+
+def wait_model_ready(base_url: str, model: str, timeout_s: float = 120, interval_s: float = 0.5,
+                     clock=time.monotonic, sleep=time.sleep) -> float:
+    """Wait until the frontend says `model` is routable (`/v1/models/{model}/ready`): listed in /v1/models is
+    not routable yet. Returns at once where the build has no such route."""
+    start = clock()
+    while True:
+        ok, detail = model_ready(base_url, model)
+        if ok is not False:
+            return clock() - start
+        if clock() - start >= timeout_s:
+            raise NotReady(f"model {model!r} is not ready after {timeout_s} s: {detail}\n  fix: check the workers' "
+                           "units (journalctl -u m3-worker@N) and that they registered this model name")
+        sleep(interval_s)
+
+
+def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60.0) -> int | None:
+    """POST one small chat request that the Dynamo frontend must route to worker `instance_id`
+    (`nvext.backend_instance_id`); return the worker id the frontend says served it (urllib: it also runs inside
+    pyinfra's gevent, where httpx cannot)."""
+    body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hello."}],
+                       "nvext": {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}}).encode()
+    req = urllib.request.Request(f"{endpoint.rstrip('/')}/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        doc = json.loads(resp.read())
+    return ((doc.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")

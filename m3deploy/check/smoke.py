@@ -3,7 +3,9 @@
 Output text is not checked (the mocker's is random): structure, status codes, token counts and
 routing are. Each check returns its evidence or raises verify.CheckFailed.
 
-Session affinity (Dynamo frontend, header `x-session-id`) is evidenced per request by the frontend
+Requests carry the seed's client contract: sampling defaults (temperature 1.0, top_p 0.95, top_k 40) and the
+default system prompt. Session affinity (Dynamo frontend, the seed's header `X-Dynamo-Session-ID`; 1.6.1 also
+reads `x-session-id`, checked separately) is evidenced per request by the frontend
 itself: `nvext.extra_fields=["worker_id"]` makes it return the instance id that served the request
 (`nvext.worker_id.decode_worker_id`). Instance ids are mapped to planned worker services through each
 worker's system-port /metrics (label `worker_id` = instance id in hex), and the per-worker
@@ -37,7 +39,8 @@ TOOLS = [{"type": "function", "function": {
 def _curl(plan: ClusterPlan, path: str, body: dict, headers: dict | None = None) -> str:
     h = " ".join(f"-H {shlex.quote(f'{k}: {v}')}" for k, v in (headers or {}).items())
     return (f"curl -sS -i {shlex.quote(plan.endpoint.rstrip('/') + path)} -H 'content-type: application/json' "
-            + (h + " " if h else "") + f"-d {shlex.quote(json.dumps(body, separators=(',', ':')))}")
+            + (h + " " if h else "")
+            + f"-d {shlex.quote(json.dumps({**SAMPLING, 'top_k': TOP_K, **body}, separators=(',', ':')))}")
 
 
 def _status(e: Exception) -> str:
@@ -63,8 +66,23 @@ def _usage_ok(usage) -> str:
     return f"usage {usage.prompt_tokens}+{usage.completion_tokens} tokens"
 
 
+# The seed's client contract (seeds/000 "Client Usage"): the model card's sampling and default system prompt.
+SYSTEM_PROMPT = "You are a helpful assistant. Your name is MiniMax-M3 and is built by MiniMax."
+SAMPLING = {"temperature": 1.0, "top_p": 0.95}
+TOP_K = 40  # not an OpenAI parameter: sent in the body (extra_body), as vLLM and Dynamo read it
+SESSION_HEADER = "X-Dynamo-Session-ID"  # the seed's; Dynamo 1.6.1 also reads x-session-id
+
+
 def _msgs(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+
+
+def chat(ctx: Context, text: str, extra_body: dict | None = None, **kw):
+    """One chat completion with the seed's sampling defaults and system prompt (model: the served one)."""
+    kw.setdefault("model", ctx.plan.served_model_name)
+    body = {"top_k": TOP_K, **(extra_body or {})}
+    return _call(lambda: ctx.openai().chat.completions.create(messages=_msgs(text), extra_body=body,
+                                                              **SAMPLING, **kw), f"chat ({text[:40]})")
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -77,8 +95,7 @@ def _models(ctx: Context) -> str:
 
 
 def _chat(ctx: Context) -> str:
-    r = _call(lambda: ctx.openai().chat.completions.create(
-        model=ctx.plan.served_model_name, messages=_msgs("Say hello in five words."), max_tokens=16), "chat")
+    r = chat(ctx, "Say hello in five words.", max_tokens=16)
     if not r.choices or r.choices[0].message is None:
         raise CheckFailed(f"no choices in {r}")
     c = r.choices[0]
@@ -86,9 +103,7 @@ def _chat(ctx: Context) -> str:
 
 
 def _chat_stream(ctx: Context) -> str:
-    stream = _call(lambda: ctx.openai().chat.completions.create(
-        model=ctx.plan.served_model_name, messages=_msgs("Count to ten."), max_tokens=24, stream=True,
-        stream_options={"include_usage": True}), "chat stream")
+    stream = chat(ctx, "Count to ten.", max_tokens=24, stream=True, stream_options={"include_usage": True})
     chunks = text_chunks = 0
     finish = None
     usage = None
@@ -111,7 +126,8 @@ def _chat_stream(ctx: Context) -> str:
 
 def _completions(ctx: Context) -> str:
     r = _call(lambda: ctx.openai().completions.create(
-        model=ctx.plan.served_model_name, prompt="The capital of France is", max_tokens=12), "completions")
+        model=ctx.plan.served_model_name, prompt="The capital of France is", max_tokens=12, **SAMPLING,
+        extra_body={"top_k": TOP_K}), "completions")
     if not r.choices or not isinstance(r.choices[0].text, str):
         raise CheckFailed(f"no text choice in {r}")
     return f"HTTP 200, {len(r.choices[0].text)} chars, finish_reason {r.choices[0].finish_reason}, {_usage_ok(r.usage)}"
@@ -119,9 +135,8 @@ def _completions(ctx: Context) -> str:
 
 def _thinking(mode: str) -> Callable[[Context], str]:
     def fn(ctx: Context) -> str:
-        r = _call(lambda: ctx.openai().chat.completions.create(
-            model=ctx.plan.served_model_name, messages=_msgs("Is 17 prime? Think first."), max_tokens=16,
-            extra_body={"chat_template_kwargs": {"thinking_mode": mode}}), f"thinking_mode={mode}")
+        r = chat(ctx, "Is 17 prime? Think first.", max_tokens=16,
+                 extra_body={"chat_template_kwargs": {"thinking_mode": mode}})
         if not r.choices:
             raise CheckFailed("no choices")
         return f"HTTP 200 with thinking_mode={mode}, finish_reason {r.choices[0].finish_reason}, {_usage_ok(r.usage)}"
@@ -129,9 +144,7 @@ def _thinking(mode: str) -> Callable[[Context], str]:
 
 
 def _tools(ctx: Context) -> str:
-    r = _call(lambda: ctx.openai().chat.completions.create(
-        model=ctx.plan.served_model_name, messages=_msgs("What is the weather in Paris?"), tools=TOOLS,
-        tool_choice="auto", max_tokens=24), "tool-call request")
+    r = chat(ctx, "What is the weather in Paris?", tools=TOOLS, tool_choice="auto", max_tokens=24)
     if not r.choices:
         raise CheckFailed("no choices")
     c = r.choices[0]
@@ -186,11 +199,14 @@ def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
     return {k: int(after.get(k, 0) - before.get(k, 0)) for k in after}
 
 
-def _ask(ctx: Context, session: str, text: str, max_tokens: int = 8) -> str:
-    """One chat turn in `session`; returns the "host/service" that served it."""
-    r = _call(lambda: ctx.openai().chat.completions.create(
-        model=ctx.plan.served_model_name, messages=_msgs(text), max_tokens=max_tokens,
-        extra_headers={"x-session-id": session}, extra_body=WORKER_ID), f"session {session}")
+def _ask(ctx: Context, session: str, text: str, max_tokens: int = 8, header: str = SESSION_HEADER) -> str:
+    """One chat turn in `session` (sent in `header`); returns the "host/service" that served it."""
+    return served_by(ctx, chat(ctx, text, max_tokens=max_tokens, extra_headers={header: session},
+                               extra_body=WORKER_ID))
+
+
+def served_by(ctx: Context, r) -> str:
+    """The planned "host/service" the frontend says served response r (asked with WORKER_ID in the body)."""
     nv = (r.model_extra or {}).get("nvext") or {}
     wid = (nv.get("worker_id") or {}).get("decode_worker_id")
     if wid is None:
@@ -204,11 +220,12 @@ def _fmt(d: dict[str, int]) -> str:
     return ", ".join(f"{k.split('/')[0]} +{v}" for k, v in sorted(d.items()))
 
 
-def _session_affinity(turns: int) -> Callable[[Context], str]:
+def _session_affinity(turns: int, header: str = SESSION_HEADER) -> Callable[[Context], str]:
     def fn(ctx: Context) -> str:
         sid = f"m3verify-{uuid.uuid4().hex[:12]}"
         before = request_counters(ctx)
-        served = [_ask(ctx, sid, f"turn {t}: unrelated question {uuid.uuid4().hex}") for t in range(turns)]
+        served = [_ask(ctx, sid, f"turn {t}: unrelated question {uuid.uuid4().hex}", header=header)
+                  for t in range(turns)]
         d = deltas(before, request_counters(ctx))
         where = sorted(set(served))
         if len(where) != 1:
@@ -218,7 +235,7 @@ def _session_affinity(turns: int) -> Callable[[Context], str]:
         if d.get(w, 0) < turns:
             raise CheckFailed(f"frontend says {w} served all {turns} turns, but its request counter rose "
                               f"by {d.get(w, 0)}; deltas {_fmt(d)}")
-        return f"{turns}/{turns} turns of one x-session-id on {w}; /metrics generate requests: {_fmt(d)}"
+        return f"{turns}/{turns} turns of one {header} on {w}; /metrics generate requests: {_fmt(d)}"
     return fn
 
 
@@ -285,15 +302,16 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
                      _curl(plan, "/chat/completions", {"model": m, "messages": msg, "tools": TOOLS, "max_tokens": 24})))
     if frontend(plan) is not None and plan.workers:
         body = {"model": m, "messages": msg, "max_tokens": 8, **WORKER_ID}
-        out.append(Check("smoke/session-affinity", "smoke", "frontend",
-                         "4 turns with one x-session-id land on one worker", _session_affinity(4),
-                         _curl(plan, "/chat/completions", body, {"x-session-id": "s1"})
-                         + "   # repeat; compare .nvext.worker_id"))
+        for cid, header in (("smoke/session-affinity", SESSION_HEADER),
+                            ("smoke/session-affinity-x-session-id", "x-session-id")):
+            out.append(Check(cid, "smoke", "frontend", f"4 turns with one {header} land on one worker",
+                             _session_affinity(4, header), _curl(plan, "/chat/completions", body, {header: "s1"})
+                             + "   # repeat; compare .nvext.worker_id"))
         if len(plan.workers) >= 2:
             n = max(6, 2 * len(plan.workers))
             out.append(Check("smoke/session-spread", "smoke", "frontend",
                              f"{n} new sessions spread over workers, each then sticks", _session_spread(n),
-                             _curl(plan, "/chat/completions", body, {"x-session-id": "s2"})
+                             _curl(plan, "/chat/completions", body, {SESSION_HEADER: "s2"})
                              + "   # with several session ids at once; compare .nvext.worker_id"))
     out.append(Check("smoke/unknown-model-404", "smoke", "frontend", "an unknown model is a 404", _unknown_model,
                      _curl(plan, "/chat/completions", {"model": "no-such-model", "messages": msg, "max_tokens": 4})))

@@ -149,8 +149,14 @@ def _health_check(s: Service, r: Readiness) -> Callable[[Context], str]:
     return fn
 
 
+def registered_services(plan: ClusterPlan) -> list[tuple[HostPlan, Service]]:
+    """Every service that registers one `generate` instance: the workers' rank 0, plus the testbed's scripted
+    tool-call engine (m3deploy.core.simengine)."""
+    return instance_services(plan) + [(h, s) for h in plan.hosts for s in h.services if s.kind == "scripted"]
+
+
 def _instances_check(plan: ClusterPlan, url: str) -> Callable[[Context], str]:
-    expected = instance_services(plan)
+    expected = registered_services(plan)
 
     def fn(ctx: Context) -> str:
         status, body = ctx.http_get(url)
@@ -238,7 +244,7 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
         url = frontend_url(plan, "/health")
         out.append(Check(
             id=f"instances/{fe[0].name}/{fe[1].name}", group="instances", target=fe[0].name,
-            title=f"frontend /health lists {len(plan.workers)} generate instance(s) on the planned workers",
+            title=f"frontend /health lists {len(registered_services(plan))} generate instance(s) on the planned workers",
             fn=_instances_check(plan, url), reproduce=f"curl -sS {shlex.quote(url)} | python3 -m json.tool"))
     if not only_host and any(s.secret_env for h in plan.hosts for s in h.services):
         from m3deploy.controller.secrets import secrets_path
@@ -259,9 +265,10 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host)
     if smoke:
+        from m3deploy.check import contract
         from m3deploy.check import smoke as smokemod
 
-        checks += smokemod.smoke_checks(plan)
+        checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan)
     return checks
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from m3deploy.core import catalog, layout, recipes, settings
+from m3deploy.core import catalog, layout, recipes, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
 from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
@@ -162,13 +162,18 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
                                            gpus_per_rank=len(devices), services=tuple(svc_names)))
             widx += 1
 
+    if engine == "mocker" and serving == "dynamo" and worker_plans:  # the tool-call engine beside the mocker
+        h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
+        worker0 = next(x for x in services[h0] if x.name == w0)
+        services[h0].append(simengine.scripted_service(
+            worker0, int(s["m3_system_port"]) + slot_count[h0], model_dir, served, home))
     if serving == "dynamo":
         for c in control:
             services[c.name].append(_frontend_service(common, c, addr[c.name], control[0].name))
             # the frontend starts after the control plane; workers after the frontend
         fe = f"{control[0].name}/m3-frontend" if control else ""
         for h in workers:
-            services[h.name] = [_with_after(x, (fe,)) if x.kind == "worker" and x.rank == 0 and fe else x
+            services[h.name] = [_with_after(x, (fe,)) if x.kind in ("worker", "scripted") and x.rank == 0 and fe else x
                                 for x in services[h.name]]
         endpoint = f"http://{addr[control[0].name]}:{s['m3_frontend_port']}/v1" if control else ""
     else:

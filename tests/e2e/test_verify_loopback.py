@@ -1,10 +1,12 @@
 """End-to-end: the verify suite's smoke and health checks against a real Dynamo stack on loopback.
 
-No testbed, no SSH: etcd, NATS (JetStream + monitor), the Dynamo frontend and two mocker workers run
-as plain processes on 127.0.10.1 (control), 127.0.10.2 and 127.0.10.3 (workers), each started from
-the argv and env of a plan built with `m3deploy.core.inventory.hosts_from_dict` (so the plan's own flags are
-what runs). Then `m3deploy.check.smoke` and the controller-side health checks of `m3deploy.check.verify` run
-against it and must all pass.
+No testbed, no SSH: etcd, NATS (JetStream + monitor), the Dynamo frontend, two mocker workers and the
+scripted tool-call engine run as plain processes on 127.0.10.1 (control), 127.0.10.2 and 127.0.10.3
+(workers), each started from the argv and env of a plan built with `m3deploy.core.inventory.hosts_from_dict` (so the
+plan's own flags are what runs; files/m3-sim-engine.py from this checkout). Then `m3deploy.check.smoke` and the
+controller-side health checks of `m3deploy.check.verify` run against it and must all pass, and the negative
+controls must fail: a wrong or no parser (reasoning split, tool calls), no session affinity, an unread
+session header, a missing worker.
 
 Needs: /usr/bin/etcd and /usr/bin/nats-server (`apt-get install etcd-server nats-server`) and a Dynamo
 venv: $M3_DYNAMO_VENV, or one built here offline from the wheelhouse
@@ -30,10 +32,12 @@ import pytest
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.model import ClusterPlan, Service
+from m3deploy.check import readiness
 
 pytestmark = pytest.mark.e2e
 
 CONTROL, W1, W2 = "127.0.10.1", "127.0.10.2", "127.0.10.3"
+REPO = Path(__file__).resolve().parents[2]
 DYNAMO_VERSION = "1.6.1"
 
 
@@ -101,7 +105,10 @@ class LoopbackStack:
         return path
 
     def _start(self, s: Service) -> None:
-        argv = list(s.argv)
+        from m3deploy.core.simengine import SIM_ENGINE
+
+        # the hosts' copy of files/m3-sim-engine.py is this checkout's
+        argv = [str(REPO / "files/m3-sim-engine.py") if a == SIM_ENGINE else a for a in s.argv]
         if s.kind == "nats":
             argv = [argv[0], "-c", self._nats_conf(s)]
         if not os.path.exists(argv[0]) and shutil.which(os.path.basename(argv[0])):
@@ -139,7 +146,7 @@ class LoopbackStack:
         took: dict[str, float] = {}
         order = [s for h in self.plan.hosts for s in h.services if s.kind in ("etcd", "nats")]
         order += [s for h in self.plan.hosts for s in h.services if s.kind == "frontend"]
-        order += [s for h in self.plan.hosts for s in h.services if s.kind == "worker"]
+        order += [s for h in self.plan.hosts for s in h.services if s.kind in ("worker", "scripted")]
         for s in order:
             t0 = time.monotonic()
             self._start(s)
@@ -149,18 +156,20 @@ class LoopbackStack:
 
         fe = next(s for h in self.plan.hosts for s in h.services if s.kind == "frontend")
         health = fe.readiness.url.rsplit("/", 1)[0] + "/health"
-        readiness.wait_instances(health, len(self.plan.workers), timeout_s=60)
+        readiness.wait_instances(health, len(self.plan.workers) + 1, timeout_s=60)  # + the scripted engine
         return took
 
-    def stop(self) -> None:
-        for _, p in reversed(self.procs):
+    def stop(self, since: int = 0) -> None:
+        """Stop the processes started (from the `since`-th on)."""
+        mine = self.procs[since:]
+        for _, p in reversed(mine):
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 15
-        for _, p in reversed(self.procs):
+        for _, p in reversed(mine):
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -169,7 +178,7 @@ class LoopbackStack:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=5)
-        self.procs.clear()
+        del self.procs[since:]
 
 
 def _ports_free() -> list[str]:
@@ -216,14 +225,77 @@ def test_smoke_passes(stack):
     from m3deploy.check import smoke
     from m3deploy.check import verify
 
-    results = verify.run_checks(smoke.smoke_checks(stack.plan), verify.Context(stack.plan))
+    from m3deploy.check import contract
+
+    results = verify.run_checks(smoke.smoke_checks(stack.plan) + contract.contract_checks(stack.plan),
+                                verify.Context(stack.plan))
     failed = [r for r in results if not r.ok]
     assert not failed, verify.render_text(results)
     names = {r.id for r in results}
     for want in ("smoke/models", "smoke/chat", "smoke/chat-stream", "smoke/completions", "smoke/tools",
                  "smoke/thinking-enabled", "smoke/thinking-disabled", "smoke/thinking-adaptive",
-                 "smoke/session-affinity", "smoke/session-spread", "smoke/unknown-model-404"):
+                 "smoke/session-affinity", "smoke/session-affinity-x-session-id", "smoke/session-spread",
+                 "smoke/reasoning-split", "smoke/reasoning-split-stream", "smoke/tool-call", "smoke/tool-call-stream",
+                 "smoke/model-ready", "smoke/routable", "smoke/unknown-model-404"):
         assert want in names
+
+
+PARSER_CHECKS = ("smoke/reasoning-split", "smoke/reasoning-split-stream", "smoke/tool-call", "smoke/tool-call-stream")
+
+
+def wrong_parser_plan(plan: ClusterPlan, parser: str | None, port_offset: int) -> ClusterPlan:
+    """The plan's workers and scripted engine re-planned with `parser` (None: no parser) for reasoning and tool
+    calls, under model names of their own (the frontend keeps parsers per model) and other system ports."""
+    from dataclasses import replace
+
+    from m3deploy.core.model import Port, Readiness
+    from m3deploy.core.simengine import PARSER_FLAGS
+
+    tag = f"-wrong-{parser or 'none'}"
+    hosts = []
+    for h in plan.hosts:
+        svcs = []
+        for s in h.services:
+            if s.kind in ("worker", "scripted"):
+                argv = list(s.argv)
+                for flag in PARSER_FLAGS:
+                    i = argv.index(flag)
+                    del argv[i:i + 2]
+                    if parser:
+                        argv += [flag, parser]
+                i = argv.index("--model-name") + 1
+                argv[i] = argv[i].replace(plan.served_model_name, plan.served_model_name + tag)
+                port = s.ports[0].port + port_offset
+                env = {**dict(s.env), "DYN_SYSTEM_PORT": str(port), "HOME": dict(s.env)["HOME"] + tag}
+                s = replace(s, argv=tuple(argv), env=tuple(env.items()), ports=(Port("system", port, s.ports[0].address),),
+                            readiness=Readiness(kind="http", url=f"http://{s.ports[0].address}:{port}/health"))
+            svcs.append(s)
+        hosts.append(replace(h, services=tuple(svcs)))
+    return replace(plan, hosts=tuple(hosts), served_model_name=plan.served_model_name + tag)
+
+
+@pytest.mark.parametrize("parser,offset", [("minimax_m2", 10), (None, 20)])
+def test_parser_checks_fail_with_a_wrong_parser(stack, parser, offset):
+    """Negative control: the same workers and scripted engine, their model cards naming the wrong parser
+    (minimax_m2, which the seed's troubleshooting warns about) or none. Through the same frontend, every
+    reasoning-split and tool-call check must fail."""
+    from m3deploy.check import checks, contract, verify
+
+    p2 = wrong_parser_plan(stack.plan, parser, offset)
+    started = [s for h in p2.hosts for s in h.services if s.kind in ("worker", "scripted")]
+    first = len(stack.procs)
+    try:
+        for s in started:
+            stack._start(s)
+            stack._wait(s)
+        readiness.wait_model_ready(checks.frontend_url(p2, ""), p2.served_model_name, timeout_s=60)
+        sel = [c for c in contract.contract_checks(p2) if c.id in PARSER_CHECKS]
+        results = verify.run_checks(sel, verify.Context(p2))
+    finally:
+        stack.stop(since=first)
+    assert sorted(r.id for r in results) == sorted(PARSER_CHECKS)
+    passed = [r for r in results if r.ok]
+    assert not passed, verify.render_text(results)
 
 
 def test_affinity_checks_fail_without_session_affinity(stack):
@@ -252,6 +324,23 @@ def test_affinity_checks_fail_without_session_affinity(stack):
     assert not all(r.ok for r in results), verify.render_text(results)
 
 
+def test_both_session_header_spellings_are_read(stack):
+    """The seed's X-Dynamo-Session-ID and 1.6.1's x-session-id both keep a session on one worker (smoke passes
+    both), and the evidence is the header: a header the frontend does not read splits the turns."""
+    from m3deploy.check import checks, smoke, verify
+
+    ctx = checks.Context(stack.plan)
+    for header in (smoke.SESSION_HEADER, "x-session-id"):
+        assert "4/4 turns" in smoke._session_affinity(4, header)(ctx)
+    unread = []
+    for _ in range(3):  # 4 turns on one of 2 workers by chance: p = 1/8 each, 1/512 all three
+        try:
+            unread.append(smoke._session_affinity(4, "x-m3-not-a-session-header")(ctx))
+        except checks.CheckFailed as e:
+            unread.append(f"FAIL {e}")
+    assert any(u.startswith("FAIL") for u in unread), unread
+
+
 def test_instances_check_notices_a_missing_worker(stack):
     """The instance check must notice a missing worker (SIGTERM deregisters at once)."""
     from m3deploy.check import verify
@@ -262,7 +351,7 @@ def test_instances_check_notices_a_missing_worker(stack):
     checks = [c for c in verify.controller_checks(stack.plan) if c.id.startswith("instances/")]
     res = verify.run_checks(checks, verify.Context(stack.plan))
     assert len(res) == 1 and not res[0].ok, verify.render_text(res)
-    assert "1 of 2" in res[0].evidence
+    assert "2 of 3" in res[0].evidence
 
 
 if __name__ == "__main__":

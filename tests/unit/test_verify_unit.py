@@ -92,6 +92,8 @@ HEALTH = {
          "transport": {"tcp": "10.0.0.2:43281/1e0da22a84f04109/dynamo/backend/generate"}},
         {"component": "backend", "endpoint": "generate", "namespace": "dynamo", "instance_id": 7,
          "transport": {"tcp": "10.0.0.3:34197/7/dynamo/backend/generate"}},
+        {"component": "scripted", "endpoint": "generate", "namespace": "dynamo", "instance_id": 9,
+         "transport": {"tcp": "10.0.0.2:40001/9/dynamo/scripted/generate"}},
         {"component": "backend", "endpoint": "worker_kv_query_source_1b60", "namespace": "dynamo",
          "instance_id": 7, "transport": {"tcp": "10.0.0.3:34197/7/dynamo/backend/worker_kv_query_source_1b60"}},
     ],
@@ -100,8 +102,8 @@ HEALTH = {
 
 def test_health_generate_instances_and_addresses():
     inst = verify.generate_instances(HEALTH)
-    assert [i["instance_id"] for i in inst] == [2165565299337740553, 7]
-    assert [verify.instance_address(i) for i in inst] == ["10.0.0.2", "10.0.0.3"]
+    assert [i["instance_id"] for i in inst] == [2165565299337740553, 7, 9]
+    assert [verify.instance_address(i) for i in inst] == ["10.0.0.2", "10.0.0.3", "10.0.0.2"]
     assert verify.instance_address({"transport": {"nats_tcp": "nats://10.0.0.9:4222/x"}}) == "10.0.0.9"
     assert checks.worker_id_hex(2165565299337740553) == "1e0da22a84f04109"
 
@@ -219,14 +221,14 @@ def test_health_and_instances_checks():
     r = verify.run_check(_by_id(checks, "health/c/etcd"), ctx)
     assert r.ok and "health=true" in r.evidence
     r = verify.run_check(_by_id(checks, "instances/c/m3-frontend"), ctx)
-    assert r.ok and r.evidence.startswith("2 of 2 generate instance(s)")
+    assert r.ok and r.evidence.startswith("3 of 3 generate instance(s)")  # 2 mockers + the scripted engine
     half = dict(HEALTH, instances=HEALTH["instances"][:1])
     _http(ctx, {"http://10.0.0.1:2379/health": (200, '{"health":"false"}'),
                 "http://10.0.0.1:8000/health": (200, json.dumps(half))})
     r = verify.run_check(_by_id(checks, "health/c/etcd"), ctx)
     assert not r.ok and "health='false'" in r.evidence
     r = verify.run_check(_by_id(checks, "instances/c/m3-frontend"), ctx)
-    assert not r.ok and "1 of 2" in r.evidence and "missing on 10.0.0.3 (w2)" in r.evidence
+    assert not r.ok and "1 of 3" in r.evidence and "10.0.0.3 (w2) x1" in r.evidence.split("missing on")[1]
 
 
 def test_crashing_check_is_a_failure_with_reason():

@@ -1,0 +1,117 @@
+"""GPU-free engines for the testbed, run with the Dynamo venv's Python (shipped by roles/workers.py).
+
+    m3-sim-engine.py mocker [--dyn-reasoning-parser P] [--dyn-tool-call-parser P] MOCKER-ARGS...
+        Dynamo's own mocker (`python -m dynamo.mocker MOCKER-ARGS`), whose model card also names the
+        frontend's reasoning and tool-call parsers, as `dynamo.vllm --dyn-reasoning-parser ...` does on GPU
+        hosts (the 1.6.1 mocker has no such flags: its runtime config leaves both unset).
+
+    m3-sim-engine.py scripted --model-path DIR --model-name NAME [--endpoint dyn://ns.component.endpoint]
+                              [--dyn-reasoning-parser P] [--dyn-tool-call-parser P]
+        A deterministic Dynamo worker, registered like the mocker (token input, chat + completions). It
+        decodes the rendered prompt; when the prompt carries tools it answers with one MiniMax-M3 tool call
+        of the first tool (`]<]minimax[>[<tool_call>...`, the format Dynamo's `minimax_m3` tool parser reads),
+        arguments filled from the tool's required string parameters; otherwise a fixed sentence.
+
+Runs inside the Dynamo venv only: no m3deploy import.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import signal
+import sys
+
+NS = "]<]minimax[>["  # MiniMax-M3's tag namespace (Dynamo lib/parsers tool_calling/xml/minimax_m3_parser.rs)
+ANSWER = "The scripted engine answers without tools."
+ARGUMENT = "Paris"
+
+
+def _parsers(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--dyn-reasoning-parser", default=None)
+    p.add_argument("--dyn-tool-call-parser", default=None)
+    return p.parse_known_args(argv)
+
+
+def tool_call_text(prompt: str) -> str | None:
+    """The M3 tool-call markup for the first tool the rendered prompt lists, or None without tools."""
+    m = re.search(r"<tools>\s*(\{.*?\})\s*(?:\n\{|\n</tools>)", prompt, re.S)
+    if not m:
+        return None
+    tool = json.loads(m.group(1))
+    params = tool.get("parameters") or {}
+    args = "".join(f"{NS}<{k}>{ARGUMENT}{NS}</{k}>" for k in params.get("required", [])
+                   if (params.get("properties", {}).get(k) or {}).get("type", "string") == "string")
+    return f"{NS}<tool_call>{NS}<invoke name=\"{tool['name']}\">{args}{NS}</invoke>{NS}</tool_call>"
+
+
+def run_mocker(argv: list[str]) -> None:
+    opts, rest = _parsers(argv)
+    import dynamo.mocker.main as mocker
+
+    build = mocker.build_runtime_config
+
+    def with_parsers(engine_args):
+        block_size, rc = build(engine_args)
+        rc.reasoning_parser = opts.dyn_reasoning_parser
+        rc.tool_call_parser = opts.dyn_tool_call_parser
+        return block_size, rc
+
+    mocker.build_runtime_config = with_parsers
+    sys.argv = ["dynamo.mocker", *rest]
+    mocker.main()
+
+
+def run_scripted(argv: list[str]) -> None:
+    opts, rest = _parsers(argv)
+    p = argparse.ArgumentParser(prog="m3-sim-engine.py scripted")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--model-name", required=True)
+    p.add_argument("--endpoint", default="dyn://dynamo.scripted.generate")
+    args = p.parse_args(rest)
+
+    import uvloop
+    from tokenizers import Tokenizer
+
+    from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
+    from dynamo.runtime import DistributedRuntime, dynamo_worker
+
+    tok = Tokenizer.from_file(f"{args.model_path}/tokenizer.json")
+    eos = [tok.token_to_id("<|im_end|>")]
+
+    async def generate(request, context=None):
+        prompt = tok.decode(list(request.get("token_ids") or []), skip_special_tokens=False)
+        text = tool_call_text(prompt) or ANSWER
+        ids = tok.encode(text, add_special_tokens=False).ids
+        limit = (request.get("stop_conditions") or {}).get("max_tokens") or len(ids)
+        ids = ids[:limit]
+        for i, t in enumerate(ids):
+            last = i == len(ids) - 1
+            yield {"token_ids": [t], **({"finish_reason": "stop" if len(ids) < limit or not limit else "length"}
+                                         if last else {})}
+        if not ids:
+            yield {"token_ids": eos, "finish_reason": "stop"}
+
+    @dynamo_worker()
+    async def worker(runtime: DistributedRuntime):
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # deregister at once, as the mocker does
+            loop.add_signal_handler(sig, runtime.shutdown)
+        endpoint = runtime.endpoint(args.endpoint.removeprefix("dyn://"))
+        rc = ModelRuntimeConfig()
+        rc.reasoning_parser = opts.dyn_reasoning_parser
+        rc.tool_call_parser = opts.dyn_tool_call_parser
+        await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, args.model_path,
+                             args.model_name, worker_type=WorkerType.Aggregated, runtime_config=rc)
+        await endpoint.serve_endpoint(generate)
+
+    uvloop.run(worker())
+
+
+if __name__ == "__main__":
+    modes = {"mocker": run_mocker, "scripted": run_scripted}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes:
+        sys.exit(f"usage: {sys.argv[0]} mocker|scripted ARGS...  (see the module docstring)")
+    modes[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,55 @@
+"""The testbed's GPU-free engines (files/m3-sim-engine.py on hosts), as plan services.
+
+- Mocker workers run `m3-sim-engine.py mocker ...`: Dynamo's mocker whose model card names the frontend's
+  reasoning and tool-call parsers (`--dyn-reasoning-parser`, `--dyn-tool-call-parser` from the recipe, as
+  for `dynamo.vllm`), and `--reasoning` makes it emit M3's think delimiters (mock tokenizer ids).
+- `m3-scripted` (one per mocker cluster, on the first worker host) runs `m3-sim-engine.py scripted`: a
+  deterministic Dynamo worker that answers a request carrying tools with one MiniMax-M3 tool call, under its
+  own model name `<served>-scripted`, with the same parser flags as the workers. `smoke/tool-call` sends
+  there: the mocker's random tokens can never form a tool call.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from m3deploy.core.model import ClusterPlan, Port, Readiness, Service
+
+# shipped by roles/workers.py from files/m3-sim-engine.py; the mocker's launch in data/engines.yaml runs it
+SIM_ENGINE = "/usr/local/lib/m3/m3-sim-engine.py"
+SCRIPTED = "m3-scripted"
+SCRIPTED_SUFFIX = "-scripted"
+PARSER_FLAGS = ("--dyn-reasoning-parser", "--dyn-tool-call-parser")
+
+
+def _flag(argv: tuple[str, ...], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def scripted_service(worker: Service, port: int, model_dir: str, served: str, home: str) -> Service:
+    """The scripted engine beside `worker` (a mocker worker service): same env and parsers, its own
+    system port, HOME, env file and model name."""
+    argv = (worker.argv[0], SIM_ENGINE, "scripted", "--model-path", model_dir,
+            "--model-name", served + SCRIPTED_SUFFIX)
+    for flag in PARSER_FLAGS:
+        value = _flag(worker.argv, flag)
+        if value is not None:
+            argv += (flag, value)
+    address = next(p.address for p in worker.ports if p.name == "system")
+    env = dict(worker.env)
+    env.update(HOME=f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
+    return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),
+                   ports=(Port("system", port, address),),
+                   readiness=Readiness(kind="http", url=f"http://{address}:{port}/health",
+                                       timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
+                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir=f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
+                   devices=(), provenance=())
+
+
+def scripted(plan: ClusterPlan) -> Service | None:
+    return next((s for h in plan.hosts for s in h.services if s.kind == "scripted"), None)
+
+
+def tool_call_model(plan: ClusterPlan) -> str:
+    """The model smoke/tool-call asks: the scripted engine's where the plan has one, else the served model."""
+    s = scripted(plan)
+    return _flag(s.argv, "--model-name") if s is not None else plan.served_model_name
