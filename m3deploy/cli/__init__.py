@@ -163,8 +163,8 @@ def pretty_command(argv) -> str:
 def pretty_service(s) -> str:
     if not s.image:
         return pretty_command(s.argv)
-    head = s.command[: len(s.command) - len(s.argv) - 1]
-    return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv)])
+    head = s.command[: len(s.command) - len(s.argv)]  # up to and including `--entrypoint argv[0]`
+    return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv[1:])])
 
 
 @main.command()

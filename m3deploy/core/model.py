@@ -71,12 +71,21 @@ class Service:
         return f"{self.name}.service"
 
     @property
+    def entrypoint(self) -> str | None:
+        """Containers: the program `docker run --entrypoint` starts (argv[0]), never the image's own ENTRYPOINT."""
+        return self.argv[0] if self.image else None
+
+    @property
     def command(self) -> tuple[str, ...]:
-        """The full command the unit runs: `docker run ... IMAGE argv` or argv."""
+        """The full command the unit runs: argv, or `docker run ... --entrypoint argv[0] IMAGE argv[1:]`.
+
+        The entrypoint is always explicit, so the container runs exactly `argv` whatever ENTRYPOINT the image
+        declares (vllm/vllm-openai: ["vllm", "serve"]; docs/CONTRACTS.md)."""
         if not self.image:
             return self.argv
         return ("docker", "run", "--rm", "--name", self.name.replace("@", "-"), *self.docker_args,
-                "--env-file", self.env_file, self.image, *self.argv)
+                "--env-file", self.env_file, "--entrypoint", self.argv[0], self.image,
+                *self.argv[1:])
 
     def shell(self) -> str:
         """Copy-pasteable shell: env exports, then the command, shell-quoted."""
@@ -174,7 +183,8 @@ def _host_dict(h: HostPlan, provenance: bool) -> dict[str, Any]:
 def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
     r = s.readiness
     return {
-        "name": s.name, "unit": s.unit, "kind": s.kind, "host": s.host, "image": s.image, "base_image": s.base_image,
+        "name": s.name, "unit": s.unit, "kind": s.kind, "host": s.host, "image": s.image, "entrypoint": s.entrypoint,
+        "base_image": s.base_image,
         "argv": list(s.argv), "env": dict(s.env), "secret_env": dict(s.secret_env), "docker_args": list(s.docker_args),
         "command": list(s.command),
         "ports": [{"name": p.name, "port": p.port, "address": p.address, "protocol": p.protocol} for p in s.ports],
