@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
+from m3deploy.check import hfcache
 from m3deploy.check.checks import (WILDCARDS, Check, CheckFailed, Context, Result, _url_host, frontend, frontend_url,
                                    generate_instances, instance_address, instance_services, ssh_command)
 
@@ -91,6 +92,21 @@ def _env_file_check(h: HostPlan, s: Service) -> Callable[[Context], str]:
         ev = f"{s.env_file} mode {mode} {user}:{group}"
         if " ".join(kind) != "regular file" or int(mode, 8) != 0o600 or (user, group) != ("root", "root"):
             raise CheckFailed(ev + f" ({' '.join(kind)}); want a regular file, mode 600, root:root")
+        return ev
+    return fn
+
+
+def _weights_check(h: HostPlan, specs: list[str]) -> Callable[[Context], str]:
+    """Every repo of the plan's model_repos complete in the host's HF cache (m3deploy.check.hfcache)."""
+    def fn(ctx: Context) -> str:
+        r = ctx.run(h.name, hfcache.remote_command(f"{h.weights_dir}/hub", specs))
+        got = hfcache.parse_output(r.stdout)
+        if len(got) != len(specs):
+            raise CheckFailed(f"the cache check did not run on {h.name} (exit {r.rc}): "
+                              f"{(r.stderr or r.stdout).strip()[:300]}")
+        ev = "; ".join(f"{x['repo']}: {x['detail']}" for x in got)
+        if not all(x["ok"] for x in got):
+            raise CheckFailed(ev + ". Fix: re-run the deploy (the weights role resumes the download)")
         return ev
     return fn
 
@@ -213,6 +229,14 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
                     id=f"file/{h.name}/{s.name}", group="file", target=h.name, ssh=True,
                     title=f"{s.env_file} is 0600 root:root", fn=_env_file_check(h, s),
                     reproduce=rep(f"stat -c '%a %U:%G %n' {s.env_file}")))
+        if h.weights_dir and h.weights_gb and plan.model_repos:
+            folders = " ".join(shlex.quote(str(hfcache.repo_folder(f"{h.weights_dir}/hub", r.repo))) + "/snapshots/*/"
+                               for r in plan.model_repos)
+            out.append(Check(
+                id=f"weights/{h.name}", group="weights", target=h.name, ssh=True,
+                title=f"{len(plan.model_repos)} model repo(s) complete in {h.weights_dir}",
+                fn=_weights_check(h, [hfcache.spec(r) for r in plan.model_repos]),
+                reproduce=rep(f"ls -lL {folders}")))
         readable = [f"/etc/systemd/system/{s.unit}" for s in h.services]
         if any(s.kind == "nats" for s in h.services):
             readable.append("/etc/m3/nats.conf")

@@ -112,6 +112,9 @@ def render_text(p, only_host=None, explain=False) -> str:
            f"# endpoint: {p.endpoint}   served model: {p.served_model_name}"]
     if p.serving == "dynamo":
         out.append(f"# etcd: {p.etcd_endpoints}   nats: {p.nats_server}   dynamo {p.dynamo_version} in {p.venv}")
+    if p.model_repos:
+        out.append("# model repos (staged into every GPU host's HF cache): "
+                   + ", ".join(f"{r.repo} ({r.role})" for r in p.model_repos))
     for w in p.workers:
         out.append(f"# worker {w.index}: {' -> '.join(w.services)} (tp {w.tensor_parallel}, dp {w.data_parallel}, "
                    f"{w.gpus_per_rank} GPU(s) per rank)")

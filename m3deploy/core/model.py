@@ -43,6 +43,16 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class ModelRepo:
+    """A Hugging Face repo workers load (m3deploy.core.repos): staged into every GPU host's HF cache."""
+
+    repo: str  # ORG/NAME
+    role: str  # "target" | "draft" | "tokenizer"
+    flag: str  # where the plan found it: "m3_model_id", "--speculative-config", "--tokenizer"
+    revision: str = "main"
+
+
+@dataclass(frozen=True)
 class Service:
     name: str  # systemd unit name without ".service": "etcd", "nats", "m3-frontend", "m3-worker@0"
     kind: str  # "etcd" | "nats" | "frontend" | "worker"
@@ -153,6 +163,7 @@ class ClusterPlan:
     dynamo_version: str = ""
     venv: str = ""  # native venv path on hosts (Dynamo frontend/mocker)
     model_dir: str = ""  # local model directory on hosts (mocker) or HF cache dir
+    model_repos: tuple[ModelRepo, ...] = ()  # every HF repo any worker loads (target first); all staged offline
     settings: tuple[tuple[str, Any], ...] = ()  # every resolved m3_* setting, for reports
 
     def host(self, name: str) -> HostPlan:
@@ -208,4 +219,4 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
