@@ -111,6 +111,27 @@ def _weights_check(h: HostPlan, specs: list[str]) -> Callable[[Context], str]:
     return fn
 
 
+def _record_check(plan: ClusterPlan, h: HostPlan) -> Callable[[Context], str]:
+    """The deploy record (m3deploy.controller.deployed) has this host, deployed from this plan."""
+    def fn(ctx: Context) -> str:
+        from m3deploy.controller import deployed
+
+        record = deployed.load(plan.name)
+        entry = (record.get("hosts") or {}).get(h.name)
+        if not entry:
+            raise CheckFailed(f"{deployed.record_path(plan.name)} has no entry for {h.name}. Fix: run the deploy")
+        changes = [x for x in deployed.diff(plan, record) if x.startswith(f"{h.name}:")]
+        if changes:
+            raise CheckFailed(f"deployed from another plan: {'; '.join(changes)[:400]}. Fix: run the deploy "
+                              "(`m3deploy plan --diff-deployed` shows the changes)")
+        running = entry.get("running") or {}
+        stopped = [n for n, c in (running.get("containers") or {}).items() if not c.get("id")]
+        if stopped:
+            raise CheckFailed(f"no running container recorded for {', '.join(stopped)}")
+        return f"recorded {entry.get('at')}: {deployed.describe_running(entry)}"
+    return fn
+
+
 def _no_leak_check(h: HostPlan, paths: list[str]) -> Callable[[Context], str]:
     def fn(ctx: Context) -> str:
         from m3deploy.controller.secrets import load_secrets
@@ -263,6 +284,14 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
                     title=f"GET {r.url} answers {r.expect_status}"
                           + "".join(f" with {k}={v}" for k, v in r.expect_json),
                     fn=_health_check(s, r), reproduce=f"curl -sS -i {shlex.quote(r.url)}"))
+        if h.services:
+            from m3deploy.controller import deployed
+
+            out.append(Check(id=f"deployed/{h.name}", group="deployed", target=h.name,
+                             title="the deploy record has this host, deployed from this plan",
+                             fn=_record_check(plan, h),
+                             reproduce=f"m3deploy plan INVENTORY --diff-deployed --host {h.name}; "
+                                       f"cat {shlex.quote(str(deployed.record_path(plan.name)))}"))
     fe = frontend(plan)
     if fe is not None and plan.workers and (not only_host or only_host == fe[0].name):
         url = frontend_url(plan, "/health")

@@ -105,6 +105,10 @@ def known_names(c: Cluster, add: Add) -> None:
         add(f"key m3_serving: unknown serving mode {c.serving!r}. Fix: use one of {_list(cat['servings'])}")
     if c.state not in ("present", "absent"):
         add(f"key m3_state: {c.state!r} is neither 'present' nor 'absent'")
+    pull = str(_v(c.ref, "m3_image_pull"))
+    if pull not in ("missing", "always"):
+        add(f"key m3_image_pull: {pull!r} is neither 'missing' nor 'always'. Fix: m3_image_pull = 'always' to pull "
+            "tags on every deploy")
 
 
 @rule(RULES)

@@ -44,7 +44,7 @@ HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
 ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Ship Dynamo artifacts", "Container images",
               "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
-              "Check the cluster is serving"]
+              "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
 
@@ -292,8 +292,14 @@ def assert_role_order(run, cluster: Cluster):
     before, middle, after = seq[:first], seq[first + 1:second], seq[second + 1:]
     assert set(middle) <= {"Deploy the workers"}, middle
     assert "Deploy the workers" not in before + after
-    assert set(after) <= {"Check the cluster is serving"}, after
+    assert set(after) <= {"Check the cluster is serving", "Record the deployment"}, after
     assert "Check the cluster is serving" not in before + middle
+    assert "Record the deployment" not in before + middle
+    # the deploy record is each host's last op (after the serving check) wherever the host runs something
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        if hp.services:
+            assert ops[-1].name.startswith("Record the deployment | Record what runs on "), (name, ops[-1].name)
 
 
 def roles_of_names(seq):
@@ -406,7 +412,7 @@ def test_provisioned_cluster_only_renders_and_starts_units(inv, cluster_run, con
     # the serving check runs once, on the endpoint's host, last
     owners = [n for n, ops in run.ops_by_host.items() if any(role(o.name) == "Check the cluster is serving" for o in ops)]
     assert len(owners) == 1
-    assert global_roles(run)[-1] == "Check the cluster is serving"
+    assert global_roles(run)[-2:] == ["Check the cluster is serving", "Record the deployment"]
     assert cluster.plan.host(owners[0]).address in cluster.plan.endpoint
     assert_no_secret_leak(run, controller)
 
@@ -563,7 +569,8 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     ctl, t1, t2 = (h.name for h in cluster.hosts)
     assert cluster.plan.host(ctl).groups == ("control",)
     assert roles_of(run.for_host(ctl)) == ["Ship Dynamo artifacts", "Deploy etcd", "Deploy NATS",
-                                           "Deploy the Dynamo frontend", "Check the cluster is serving"]
+                                           "Deploy the Dynamo frontend", "Check the cluster is serving",
+                                           "Record the deployment"]
     units = {}
     for n in (t1, t2):
         (s,) = worker_services(cluster, n)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,15 @@ def test_images_pull_by_digest_and_skip_present(fake):
     run = fake(deploy_images, facts=facts, host_plan=hplan())
     assert run.commands == [f"docker pull {IMAGE}"]
     assert fake(deploy_images, facts=provisioned_facts(), host_plan=hplan()).ops == []
+
+
+def test_image_pull_always_repulls_tags_never_digests(fake):
+    """m3_image_pull=always: a tag present on the host (an old :nightly) is pulled again; a digest is immutable."""
+    tag = "rocm/vllm-dev:nightly"
+    hp = hplan(services=(worker("h200-01", tag), replace(worker("h200-01", IMAGE), name="m3-worker@1")))
+    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, host_data={"m3_image_pull": "always"})
+    assert run.commands == [f"docker pull {tag}"]
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp).ops == []  # default: missing
 
 
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
