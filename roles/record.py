@@ -37,5 +37,5 @@ def record_deployment():
         return
     entry = (deployed.load(cp.name).get("hosts") or {}).get(hp.name) or {}
     stale = entry.get("planned") != deployed.planned(cp, hp)
-    python.call(name=f"Record what runs on {hp.name} ({deployed.record_path(cp.name)})", function=_record,
+    python.call(name=f"Record what runs on the host ({deployed.record_path(cp.name)})", function=_record,
                 cp=cp, hp=hp, _if=lambda: stale or _units.started_anything())

@@ -299,7 +299,7 @@ def assert_role_order(run, cluster: Cluster):
     for name, ops in run.ops_by_host.items():
         hp = cluster.plan.host(name)
         if hp.services:
-            assert ops[-1].name.startswith("Record the deployment | Record what runs on "), (name, ops[-1].name)
+            assert ops[-1].name.startswith("Record the deployment | Record what runs on the host"), (name, ops[-1].name)
 
 
 def roles_of_names(seq):
