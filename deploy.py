@@ -5,7 +5,8 @@ problem listed, and no host is changed), then calls the roles in order for the c
 Ordering and gating only: flags, env and images come from the plan; install steps live in roles/.
 
 Order: preflight -> drivers -> container runtime -> artifacts -> images -> weights -> etcd -> NATS (healthy)
--> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request.
+-> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request -> the
+deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
 pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
 advances every host's chain together: a tray's worker unit would start while the control host is still
 installing etcd). So `_all_hosts_reach()` adds one op shared by every host (same call site = same op)
@@ -32,6 +33,7 @@ from roles.frontend import deploy_frontend  # noqa: E402
 from roles.images import deploy_images  # noqa: E402
 from roles.nats import deploy_nats  # noqa: E402
 from roles.preflight import preflight  # noqa: E402
+from roles.record import record_deployment  # noqa: E402
 from roles.runtime import deploy_runtime  # noqa: E402
 from roles.serving import verify_serving  # noqa: E402
 from roles.teardown import teardown  # noqa: E402
@@ -73,3 +75,4 @@ else:
     _all_hosts_reach("workers started")
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()
+    record_deployment()

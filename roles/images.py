@@ -9,6 +9,9 @@ image as above, ships the controller's ai-dynamo wheelhouse built for the contai
 on the host with `docker build --network none` — offline, as the GB200 lane's `pip install ai-dynamo`.
 
 Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version. Data keys:
+- m3_image_pull: 'missing' (default) pulls only images the host lacks; 'always' pulls every tag on every deploy
+  (a digest reference is immutable and never re-pulled), so a moved `:nightly` is noticed; the deploy record
+  (roles/record.py) then holds the digest each container runs.
 - m3_image_archive_dir: a controller directory holding `<image as file name>.tar` (made by
   `m3deploy save-images INVENTORY DIR`); when set, hosts never pull.
 """
@@ -93,8 +96,10 @@ def deploy_images():
     hp = context.host_plan()
     archive_dir = settings.get(host.data, "m3_image_archive_dir")
     built = {s.image: s for s in hp.services if s.image and s.base_image}
+    always = settings.get(host.data, "m3_image_pull") == "always" and not archive_dir
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
-        if host.get_fact(F.DockerImage, image=image)["present"]:
+        pull = always and "@sha256:" not in image and image not in built
+        if host.get_fact(F.DockerImage, image=image)["present"] and not pull:
             continue
         if image in built:
             _build(built[image], context.cluster_plan().dynamo_version, archive_dir)

@@ -1,12 +1,14 @@
-"""Model weights: download the checkpoint once per host into the HF cache directory the worker
-containers mount (host_plan().weights_dir -> /root/.cache/huggingface), resumable, then verified;
-workers then run with HF_HUB_OFFLINE=1 (set by the plan).
+"""Model weights: download every repo the workers load (cluster_plan().model_repos: the target checkpoint, EAGLE3
+draft heads, a separate tokenizer) once per host into the HF cache directory the worker containers mount
+(host_plan().weights_dir -> /root/.cache/huggingface), resumable, then verified with `hf cache verify` and
+checked complete against its safetensors index (m3deploy.check.hfcache); workers then run with
+HF_HUB_OFFLINE=1 (set by the plan).
 
 The Hugging Face token comes from the controller (env HF_TOKEN, or the 0600 file named by
 m3_hf_token_file), is delivered to the host as a root-only 0600 file and read from there by the
 download (HF_TOKEN_PATH): never in argv, op names or logs; removed after the download.
 
-Reads host_plan(): weights_dir, weights_gb, services (worker image); cluster_plan(): model_id, venv,
+Reads host_plan(): weights_dir, weights_gb, services (worker image); cluster_plan(): model_repos, venv,
 hosts. Data keys:
 - m3_hf_token_file (controller path, must be 0600)
 - m3_hf_cache_shared (the cache is one shared filesystem: only the first GPU host downloads)
@@ -28,6 +30,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server
 
+from m3deploy.check import hfcache
 from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 
@@ -68,8 +71,8 @@ def deploy_weights():
         first = next((h.name for h in cp.hosts if h.weights_dir and h.weights_gb > 0), hp.name)
         if first != hp.name:
             return
-    marker = marker_path(hp.weights_dir, cp.model_id)
-    if host.get_fact(File, path=marker):
+    todo = [r for r in cp.model_repos if not host.get_fact(File, path=marker_path(hp.weights_dir, r.repo))]
+    if not todo:
         return
     image = next((s.image for s in hp.services if s.kind == "worker" and s.image), "")
     mode = settings.get(host.data, "m3_weights_download") or ("image" if image else "host")
@@ -79,7 +82,6 @@ def deploy_weights():
         files.directory(name="Create /etc/m3", path="/etc/m3", user="root", group="root", mode="700")
         files.put(name=f"Upload the Hugging Face token to {TOKEN_PATH} (0600)", src=StringIO(token + "\n"),
                   dest=TOKEN_PATH, user="root", group="root", mode="600")
-    model = shlex.quote(cp.model_id)
     verify = settings.get(host.data, "m3_weights_verify")
     if mode == "image":
         if not image:
@@ -91,10 +93,16 @@ def deploy_weights():
     else:
         cli = settings.get(host.data, "m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
         hf = f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "") + cli
-    commands = [f"{hf} download {model}"]  # resumes partial files; hashes checked on download
-    if verify:
-        commands.append(f"{hf} cache verify {model} --fail-on-missing-files")
-    commands.append(f"touch {shlex.quote(marker)}")
-    server.shell(name=f"Download {cp.model_id} into {hp.weights_dir} (resumable, verified)", commands=commands)
+    for r in todo:
+        model = shlex.quote(r.repo)
+        rev = f" --revision {shlex.quote(r.revision)}" if r.revision != "main" else ""
+        commands = [f"{hf} download {model}{rev}"]  # resumes partial files; hashes checked on download
+        if verify:
+            commands.append(f"{hf} cache verify {model}{rev} --fail-on-missing-files")
+        # complete against its safetensors index before anything starts with HF_HUB_OFFLINE=1
+        commands.append(hfcache.remote_command(f"{hp.weights_dir}/hub", [hfcache.spec(r)]))
+        commands.append(f"touch {shlex.quote(marker_path(hp.weights_dir, r.repo))}")
+        server.shell(name=f"Download {r.repo} ({r.role}) into {hp.weights_dir} (resumable, verified)",
+                     commands=commands)
     if token:
         files.file(name=f"Remove {TOKEN_PATH}", path=TOKEN_PATH, present=False)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
+from m3deploy.check import hfcache
 from m3deploy.check.checks import (WILDCARDS, Check, CheckFailed, Context, Result, _url_host, frontend, frontend_url,
                                    generate_instances, instance_address, instance_services, ssh_command)
 
@@ -92,6 +93,42 @@ def _env_file_check(h: HostPlan, s: Service) -> Callable[[Context], str]:
         if " ".join(kind) != "regular file" or int(mode, 8) != 0o600 or (user, group) != ("root", "root"):
             raise CheckFailed(ev + f" ({' '.join(kind)}); want a regular file, mode 600, root:root")
         return ev
+    return fn
+
+
+def _weights_check(h: HostPlan, specs: list[str]) -> Callable[[Context], str]:
+    """Every repo of the plan's model_repos complete in the host's HF cache (m3deploy.check.hfcache)."""
+    def fn(ctx: Context) -> str:
+        r = ctx.run(h.name, hfcache.remote_command(f"{h.weights_dir}/hub", specs))
+        got = hfcache.parse_output(r.stdout)
+        if len(got) != len(specs):
+            raise CheckFailed(f"the cache check did not run on {h.name} (exit {r.rc}): "
+                              f"{(r.stderr or r.stdout).strip()[:300]}")
+        ev = "; ".join(f"{x['repo']}: {x['detail']}" for x in got)
+        if not all(x["ok"] for x in got):
+            raise CheckFailed(ev + ". Fix: re-run the deploy (the weights role resumes the download)")
+        return ev
+    return fn
+
+
+def _record_check(plan: ClusterPlan, h: HostPlan) -> Callable[[Context], str]:
+    """The deploy record (m3deploy.controller.deployed) has this host, deployed from this plan."""
+    def fn(ctx: Context) -> str:
+        from m3deploy.controller import deployed
+
+        record = deployed.load(plan.name)
+        entry = (record.get("hosts") or {}).get(h.name)
+        if not entry:
+            raise CheckFailed(f"{deployed.record_path(plan.name)} has no entry for {h.name}. Fix: run the deploy")
+        changes = [x for x in deployed.diff(plan, record) if x.startswith(f"{h.name}:")]
+        if changes:
+            raise CheckFailed(f"deployed from another plan: {'; '.join(changes)[:400]}. Fix: run the deploy "
+                              "(`m3deploy plan --diff-deployed` shows the changes)")
+        running = entry.get("running") or {}
+        stopped = [n for n, c in (running.get("containers") or {}).items() if not c.get("id")]
+        if stopped:
+            raise CheckFailed(f"no running container recorded for {', '.join(stopped)}")
+        return f"recorded {entry.get('at')}: {deployed.describe_running(entry)}"
     return fn
 
 
@@ -213,6 +250,14 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
                     id=f"file/{h.name}/{s.name}", group="file", target=h.name, ssh=True,
                     title=f"{s.env_file} is 0600 root:root", fn=_env_file_check(h, s),
                     reproduce=rep(f"stat -c '%a %U:%G %n' {s.env_file}")))
+        if h.weights_dir and h.weights_gb and plan.model_repos:
+            folders = " ".join(shlex.quote(str(hfcache.repo_folder(f"{h.weights_dir}/hub", r.repo))) + "/snapshots/*/"
+                               for r in plan.model_repos)
+            out.append(Check(
+                id=f"weights/{h.name}", group="weights", target=h.name, ssh=True,
+                title=f"{len(plan.model_repos)} model repo(s) complete in {h.weights_dir}",
+                fn=_weights_check(h, [hfcache.spec(r) for r in plan.model_repos]),
+                reproduce=rep(f"ls -lL {folders}")))
         readable = [f"/etc/systemd/system/{s.unit}" for s in h.services]
         if any(s.kind == "nats" for s in h.services):
             readable.append("/etc/m3/nats.conf")
@@ -239,6 +284,14 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
                     title=f"GET {r.url} answers {r.expect_status}"
                           + "".join(f" with {k}={v}" for k, v in r.expect_json),
                     fn=_health_check(s, r), reproduce=f"curl -sS -i {shlex.quote(r.url)}"))
+        if h.services:
+            from m3deploy.controller import deployed
+
+            out.append(Check(id=f"deployed/{h.name}", group="deployed", target=h.name,
+                             title="the deploy record has this host, deployed from this plan",
+                             fn=_record_check(plan, h),
+                             reproduce=f"m3deploy plan INVENTORY --diff-deployed --host {h.name}; "
+                                       f"cat {shlex.quote(str(deployed.record_path(plan.name)))}"))
     fe = frontend(plan)
     if fe is not None and plan.workers and (not only_host or only_host == fe[0].name):
         url = frontend_url(plan, "/health")

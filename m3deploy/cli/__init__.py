@@ -85,7 +85,9 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
 @click.option("--no-facts", is_flag=True, help="Ignore the facts `m3deploy preflight` saved for this cluster.")
-def plan(inventory, only_host, explain, as_json, data, no_facts):
+@click.option("--diff-deployed", is_flag=True, help="Show what a deploy would change against the deploy record "
+              "(~/.config/m3deploy/<cluster>/deployed.json); exit 1 if anything.")
+def plan(inventory, only_host, explain, as_json, data, no_facts, diff_deployed):
     """Print, per host, the services and the exact commands they will run.
 
     Networking env of multi-host workers (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, UCX_NET_DEVICES) comes from the
@@ -96,6 +98,16 @@ def plan(inventory, only_host, explain, as_json, data, no_facts):
         fail(e)
     if only_host and only_host not in {h.name for h in p.hosts}:
         fail(M3Error(f"host {only_host!r} is not in {inventory}; hosts: {', '.join(h.name for h in p.hosts)}"))
+    if diff_deployed:
+        from m3deploy.controller import deployed
+
+        record = deployed.load(p.name)
+        lines = [x for x in deployed.diff(p, record) if not only_host or x.startswith(f"{only_host}:")]
+        for name, entry in sorted((record.get("hosts") or {}).items()):
+            if not only_host or name == only_host:
+                click.echo(f"# {name} runs (recorded {entry.get('at', '?')}): {deployed.describe_running(entry)}")
+        click.echo("\n".join(lines) if lines else f"{p.name}: a deploy would change nothing against the record")
+        sys.exit(1 if lines else 0)
     if as_json:
         d = p.to_dict(provenance=explain)
         if only_host:
@@ -112,6 +124,9 @@ def render_text(p, only_host=None, explain=False) -> str:
            f"# endpoint: {p.endpoint}   served model: {p.served_model_name}"]
     if p.serving == "dynamo":
         out.append(f"# etcd: {p.etcd_endpoints}   nats: {p.nats_server}   dynamo {p.dynamo_version} in {p.venv}")
+    if p.model_repos:
+        out.append("# model repos (staged into every GPU host's HF cache): "
+                   + ", ".join(f"{r.repo} ({r.role})" for r in p.model_repos))
     for w in p.workers:
         out.append(f"# worker {w.index}: {' -> '.join(w.services)} (tp {w.tensor_parallel}, dp {w.data_parallel}, "
                    f"{w.gpus_per_rank} GPU(s) per rank)")
@@ -163,8 +178,8 @@ def pretty_command(argv) -> str:
 def pretty_service(s) -> str:
     if not s.image:
         return pretty_command(s.argv)
-    head = s.command[: len(s.command) - len(s.argv) - 1]
-    return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv)])
+    head = s.command[: len(s.command) - len(s.argv)]  # up to and including `--entrypoint argv[0]`
+    return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv[1:])])
 
 
 @main.command()

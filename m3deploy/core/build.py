@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from m3deploy.core import catalog, layout, recipes, settings, simengine
+from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
 from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
@@ -184,6 +184,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
             endpoint = f"http://{addr[hname]}:{port}/v1"
 
+    repo_args = catalog.engines()[engine].get("repo_args") or {}
+    model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker" and engine != "mocker"
+                              for r in repos.worker_repos(x.argv, model_id, repo_args))
     host_plans = []
     for h in hosts:
         is_worker = "workers" in h.groups
@@ -212,7 +215,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]), hosts=tuple(host_plans),
         workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=etcd_url, nats_server=nats_url,
         dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
-        venv=venv if serving == "dynamo" else "", model_dir=model_dir, settings=recorded)
+        venv=venv if serving == "dynamo" else "", model_dir=model_dir, model_repos=model_repos, settings=recorded)
 
 
 def _fill(value, fill: Mapping[str, Any]) -> str | None:

@@ -43,6 +43,16 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class ModelRepo:
+    """A Hugging Face repo workers load (m3deploy.core.repos): staged into every GPU host's HF cache."""
+
+    repo: str  # ORG/NAME
+    role: str  # "target" | "draft" | "tokenizer"
+    flag: str  # where the plan found it: "m3_model_id", "--speculative-config", "--tokenizer"
+    revision: str = "main"
+
+
+@dataclass(frozen=True)
 class Service:
     name: str  # systemd unit name without ".service": "etcd", "nats", "m3-frontend", "m3-worker@0"
     kind: str  # "etcd" | "nats" | "frontend" | "worker"
@@ -71,12 +81,21 @@ class Service:
         return f"{self.name}.service"
 
     @property
+    def entrypoint(self) -> str | None:
+        """Containers: the program `docker run --entrypoint` starts (argv[0]), never the image's own ENTRYPOINT."""
+        return self.argv[0] if self.image else None
+
+    @property
     def command(self) -> tuple[str, ...]:
-        """The full command the unit runs: `docker run ... IMAGE argv` or argv."""
+        """The full command the unit runs: argv, or `docker run ... --entrypoint argv[0] IMAGE argv[1:]`.
+
+        The entrypoint is always explicit, so the container runs exactly `argv` whatever ENTRYPOINT the image
+        declares (vllm/vllm-openai: ["vllm", "serve"]; docs/CONTRACTS.md)."""
         if not self.image:
             return self.argv
         return ("docker", "run", "--rm", "--name", self.name.replace("@", "-"), *self.docker_args,
-                "--env-file", self.env_file, self.image, *self.argv)
+                "--env-file", self.env_file, "--entrypoint", self.argv[0], self.image,
+                *self.argv[1:])
 
     def shell(self) -> str:
         """Copy-pasteable shell: env exports, then the command, shell-quoted."""
@@ -144,6 +163,7 @@ class ClusterPlan:
     dynamo_version: str = ""
     venv: str = ""  # native venv path on hosts (Dynamo frontend/mocker)
     model_dir: str = ""  # local model directory on hosts (mocker) or HF cache dir
+    model_repos: tuple[ModelRepo, ...] = ()  # every HF repo any worker loads (target first); all staged offline
     settings: tuple[tuple[str, Any], ...] = ()  # every resolved m3_* setting, for reports
 
     def host(self, name: str) -> HostPlan:
@@ -174,7 +194,8 @@ def _host_dict(h: HostPlan, provenance: bool) -> dict[str, Any]:
 def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
     r = s.readiness
     return {
-        "name": s.name, "unit": s.unit, "kind": s.kind, "host": s.host, "image": s.image, "base_image": s.base_image,
+        "name": s.name, "unit": s.unit, "kind": s.kind, "host": s.host, "image": s.image, "entrypoint": s.entrypoint,
+        "base_image": s.base_image,
         "argv": list(s.argv), "env": dict(s.env), "secret_env": dict(s.secret_env), "docker_args": list(s.docker_args),
         "command": list(s.command),
         "ports": [{"name": p.name, "port": p.port, "address": p.address, "protocol": p.protocol} for p in s.ports],
@@ -198,4 +219,4 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

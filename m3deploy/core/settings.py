@@ -79,6 +79,8 @@ _KEYS = (
     Key("m3_docker_packages", list, ["docker.io"], "the container engine's apt packages (e.g. ['docker-ce'])"),
     # images, weights, preflight
     Key("m3_container_python", str, "3.12", "Python of the engine images (their ai-dynamo wheelhouse)"),
+    Key("m3_image_pull", str, "missing", "'missing': pull an image the host lacks; 'always': pull tags every deploy "
+        "(digest references never change)", True),
     Key("m3_image_archive_dir", str, None, "controller directory of `docker save` archives (m3deploy save-images)"),
     Key("m3_hf_token_file", str, None, "controller path of a 0600 HF token (else HF_TOKEN from the environment)"),
     Key("m3_hf_cache_shared", bool, False, "the weights cache is one shared filesystem: only the first host downloads"),

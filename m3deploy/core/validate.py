@@ -105,6 +105,10 @@ def known_names(c: Cluster, add: Add) -> None:
         add(f"key m3_serving: unknown serving mode {c.serving!r}. Fix: use one of {_list(cat['servings'])}")
     if c.state not in ("present", "absent"):
         add(f"key m3_state: {c.state!r} is neither 'present' nor 'absent'")
+    pull = str(_v(c.ref, "m3_image_pull"))
+    if pull not in ("missing", "always"):
+        add(f"key m3_image_pull: {pull!r} is neither 'missing' nor 'always'. Fix: m3_image_pull = 'always' to pull "
+            "tags on every deploy")
 
 
 @rule(RULES)
@@ -324,6 +328,8 @@ def check_plan(plan, hosts) -> list[str]:
                 add(f"host {hp.name} {svc.name}: both {flags['dp']} and {flags['tp']}: {plan.parallel} runs "
                     f"data-parallel ranks of one GPU each. Fix: remove {flags['tp']} from m3_extra_args (or the "
                     "recipe layer that sets it)")
+            if svc.kind == "worker" and plan.engine != "mocker":
+                problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
             for p in svc.ports:
                 bound[p.port].append((p.address, svc.name, p.name))
         for port, users in bound.items():
@@ -332,3 +338,16 @@ def check_plan(plan, hosts) -> list[str]:
                     + ", ".join(f"{s} ({n})" for _, s, n in users)
                     + ". Fix: change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
     return problems
+
+
+def _unstaged_repos(plan, host: str, svc, rules) -> list[str]:
+    """Workers run with HF_HUB_OFFLINE=1: a repo in argv that the plan's model_repos lacks is never staged."""
+    from m3deploy.core import repos
+
+    staged = {r.repo for r in plan.model_repos}
+    served = {"--served-model-name", rules.get("served_name_flag") or "--served-model-name"}  # a name, not a repo
+    known = ", ".join(rules.get("repo_args") or {}) or "none"
+    return [f"host {host} {svc.name}: {flag} names the Hugging Face repo {repo}, which is not in the plan's "
+            f"model_repos, so it is never staged and the worker (HF_HUB_OFFLINE=1) cannot load it. Fix: pass it "
+            f"with a flag engines.yaml `repo_args` lists for {plan.engine} ({known}), or remove it from m3_extra_args"
+            for flag, repo in repos.references(svc.argv) if flag not in served and repo not in staged]

@@ -44,7 +44,7 @@ HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
 ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Ship Dynamo artifacts", "Container images",
               "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
-              "Check the cluster is serving"]
+              "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
 
@@ -122,9 +122,10 @@ def _common(hp) -> dict:
     }
 
 
-def _marker(hp, cp):
+def _markers(hp, cp) -> set[str]:
+    """The weights role's completion marker of every repo the workers load (target, draft heads)."""
     from roles.weights import marker_path
-    return marker_path(hp.weights_dir, cp.model_id)
+    return {marker_path(hp.weights_dir, r.repo) for r in cp.model_repos}
 
 
 def nvidia_facts(hp, cp, state: str = "provisioned") -> dict:
@@ -135,11 +136,11 @@ def nvidia_facts(hp, cp, state: str = "provisioned") -> dict:
     imex = hp.platform in ("gb200", "gb300")
     fm_pkg = "nvidia-imex-580" if imex else "nvidia-fabricmanager-580"
     fm_svc = "nvidia-imex" if imex else "nvidia-fabricmanager"
-    marker = _marker(hp, cp)
+    markers = _markers(hp, cp)
     # on a provisioned GB200 tray, /etc/nvidia-imex/nodes_config.cfg already lists the trays
     from roles.drivers import IMEX_NODES
     imex_text = "".join(f"{h.address}\n" for h in cp.hosts if h.platform == hp.platform and h.gpus)
-    present = {marker: {"mode": 644, "size": 0},
+    present = {**{m: {"mode": 644, "size": 0} for m in markers},
                IMEX_NODES: {"mode": 644, "size": len(imex_text), "user": "root", "group": "root"}}
     t.update({
         F.NvidiaSmi: {"present": True, "gpus": _nvidia_gpus(hp), "error": ""},
@@ -169,7 +170,7 @@ def amd_facts(hp, cp, state: str = "provisioned") -> dict:
     for g in gpus:
         if g["name"] != hp.gpu_model:  # MI355X: the documentation fixtures describe an MI300X
             g.update(name=hp.gpu_model, gfx="gfx950", memory_mib=int(hp.gpu_memory_gb * 1e9 / 2**20) + 1)
-    marker = _marker(hp, cp)
+    markers = _markers(hp, cp)
     t.update({
         F.AmdGpus: gpus, F.AmdTopology: AMD_TOPO, F.RocmVersion: ROCM,
         F.AmdDevices: lambda user="root": F.parse_amd_devices(
@@ -178,7 +179,7 @@ def amd_facts(hp, cp, state: str = "provisioned") -> dict:
         F.GpuServices: F.parse_services("docker enabled active\n"),
         F.DockerInfo: F.parse_docker("present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n"),
         F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "2" * 64, "digests": [image]},
-        File: lambda path: {"mode": 644, "size": 0} if path == marker else None,
+        File: lambda path: {"mode": 644, "size": 0} if path in markers else None,
     })
     return t
 
@@ -291,8 +292,14 @@ def assert_role_order(run, cluster: Cluster):
     before, middle, after = seq[:first], seq[first + 1:second], seq[second + 1:]
     assert set(middle) <= {"Deploy the workers"}, middle
     assert "Deploy the workers" not in before + after
-    assert set(after) <= {"Check the cluster is serving"}, after
+    assert set(after) <= {"Check the cluster is serving", "Record the deployment"}, after
     assert "Check the cluster is serving" not in before + middle
+    assert "Record the deployment" not in before + middle
+    # the deploy record is each host's last op (after the serving check) wherever the host runs something
+    for name, ops in run.ops_by_host.items():
+        hp = cluster.plan.host(name)
+        if hp.services:
+            assert ops[-1].name.startswith("Record the deployment | Record what runs on the host"), (name, ops[-1].name)
 
 
 def roles_of_names(seq):
@@ -405,7 +412,7 @@ def test_provisioned_cluster_only_renders_and_starts_units(inv, cluster_run, con
     # the serving check runs once, on the endpoint's host, last
     owners = [n for n, ops in run.ops_by_host.items() if any(role(o.name) == "Check the cluster is serving" for o in ops)]
     assert len(owners) == 1
-    assert global_roles(run)[-1] == "Check the cluster is serving"
+    assert global_roles(run)[-2:] == ["Check the cluster is serving", "Record the deployment"]
     assert cluster.plan.host(owners[0]).address in cluster.plan.endpoint
     assert_no_secret_leak(run, controller)
 
@@ -440,7 +447,10 @@ def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
         for svc in hp.services:
             if svc.base_image:
                 assert any(c.startswith(f"docker build --network none -t {svc.image} ") for c in cmds)
-        assert any(c.endswith(f"download {cluster.plan.model_id}") for o in ops for c in o.commands)
+        # every repo the workers load (gb200/b200: the EAGLE3 draft head too), each checked complete
+        for r in cluster.plan.model_repos:
+            assert any(c.endswith(f"download {r.repo}") for o in ops for c in o.commands), (name, r.repo)
+        assert sum("| python3 - " in c for o in ops for c in o.commands) == len(cluster.plan.model_repos)
     check_worker_units(run, cluster, controller)
     assert_no_secret_leak(run, controller)
 
@@ -559,7 +569,8 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     ctl, t1, t2 = (h.name for h in cluster.hosts)
     assert cluster.plan.host(ctl).groups == ("control",)
     assert roles_of(run.for_host(ctl)) == ["Ship Dynamo artifacts", "Deploy etcd", "Deploy NATS",
-                                           "Deploy the Dynamo frontend", "Check the cluster is serving"]
+                                           "Deploy the Dynamo frontend", "Check the cluster is serving",
+                                           "Record the deployment"]
     units = {}
     for n in (t1, t2):
         (s,) = worker_services(cluster, n)

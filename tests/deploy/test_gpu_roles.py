@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from m3deploy import facts as F
-from m3deploy.core.model import ClusterPlan, HostPlan, Service
+from m3deploy.check import hfcache
+from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
 from roles.preflight import PreflightFailed, preflight
@@ -24,6 +26,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
 DEVICE = json.loads((FIX / "h200x2-device" / "facts.json").read_text())
 IMAGE = "vllm/vllm-openai@sha256:" + "ab" * 32
 MODEL = "MiniMaxAI/MiniMax-M3"
+DRAFT = "Inferact/MiniMax-M3-EAGLE3"
 NOBLE = F.parse_os_release((FIX / "h200x2-device" / "os-release.txt").read_text()
                            + "KERNEL=6.8.0-50-generic\nARCH=x86_64\n")
 
@@ -40,10 +43,11 @@ def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200",
     return HostPlan(**base)
 
 
-def cplan(*hosts):
+def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),)):
     return ClusterPlan(name="t", platform=hosts[0].platform, variant="mxfp8", parallel="tp2", engine="vllm",
                        serving="standalone", features=(), model_id=MODEL, served_model_name=MODEL,
-                       max_model_len=None, state="present", hosts=tuple(hosts), workers=(), endpoint="")
+                       max_model_len=None, state="present", hosts=tuple(hosts), workers=(), endpoint="",
+                       model_repos=tuple(repos))
 
 
 def provisioned_facts() -> dict:
@@ -245,6 +249,15 @@ def test_images_pull_by_digest_and_skip_present(fake):
     assert fake(deploy_images, facts=provisioned_facts(), host_plan=hplan()).ops == []
 
 
+def test_image_pull_always_repulls_tags_never_digests(fake):
+    """m3_image_pull=always: a tag present on the host (an old :nightly) is pulled again; a digest is immutable."""
+    tag = "rocm/vllm-dev:nightly"
+    hp = hplan(services=(worker("h200-01", tag), replace(worker("h200-01", IMAGE), name="m3-worker@1")))
+    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, host_data={"m3_image_pull": "always"})
+    assert run.commands == [f"docker pull {tag}"]
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp).ops == []  # default: missing
+
+
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
     (tmp_path / image_archive_name(IMAGE)).write_bytes(b"tar")
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
@@ -271,7 +284,7 @@ def test_weights_download_in_the_image_with_the_token_in_a_0600_file(fake, monke
     run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp))
     names = [n.split(" | ")[1] for n in run.names]
     assert names == ["Create /var/lib/m3/hf", "Create /etc/m3", "Upload the Hugging Face token to /etc/m3/hf_token (0600)",
-                     f"Download {MODEL} into /var/lib/m3/hf (resumable, verified)", "Remove /etc/m3/hf_token"]
+                     f"Download {MODEL} (target) into /var/lib/m3/hf (resumable, verified)", "Remove /etc/m3/hf_token"]
     assert not any("hf_SECRET" in c or "hf_SECRET" in n for c in run.commands for n in run.names)
     upload = run.op("Model weights | Upload the Hugging Face token")
     assert "UPLOAD /etc/m3/hf_token" in upload.commands and any("chmod 600 /etc/m3/hf_token" in c for c in upload.commands)
@@ -279,7 +292,29 @@ def test_weights_download_in_the_image_with_the_token_in_a_0600_file(fake, monke
           f"/run/secrets/hf_token:ro -e HF_TOKEN_PATH=/run/secrets/hf_token --entrypoint hf {IMAGE}")
     assert run.op("Model weights | Download").commands == [
         f"{hf} download {MODEL}", f"{hf} cache verify {MODEL} --fail-on-missing-files",
+        hfcache.remote_command("/var/lib/m3/hf/hub", [f"{MODEL}@main:target"]),
         f"touch {marker_path('/var/lib/m3/hf', MODEL)}"]
+
+
+def test_weights_stage_every_repo_the_workers_load(fake, monkeypatch):
+    """The EAGLE3 draft head is staged next to the target, each checked complete before its marker; a repo
+    already complete (its marker present) is left alone."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    hp = hplan()
+    repos = (ModelRepo(MODEL, "target", "m3_model_id"), ModelRepo(DRAFT, "draft", "--speculative-config"))
+    run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp, repos=repos))
+    downloads = [o for o in run.ops if "| Download" in o.name]
+    assert [o.name.split(" | ")[1] for o in downloads] == [
+        f"Download {MODEL} (target) into /var/lib/m3/hf (resumable, verified)",
+        f"Download {DRAFT} (draft) into /var/lib/m3/hf (resumable, verified)"]
+    assert any(c.endswith(f"download {DRAFT}") for c in downloads[1].commands)
+    assert downloads[1].commands[-2] == hfcache.remote_command("/var/lib/m3/hf/hub", [f"{DRAFT}@main:draft"])
+    from pyinfra.facts.files import File
+
+    run = fake(deploy_weights, host_plan=hp, cluster_plan=cplan(hp, repos=repos), facts={
+        File: lambda path: {"mode": 644} if path == marker_path("/var/lib/m3/hf", MODEL) else None})
+    assert [o.name.split(" | ")[1] for o in run.ops if "| Download" in o.name] == [
+        f"Download {DRAFT} (draft) into /var/lib/m3/hf (resumable, verified)"]
 
 
 def test_weights_on_the_host_from_a_token_file(fake, monkeypatch, tmp_path):

@@ -49,6 +49,11 @@ def test_unknown_choice_lists_valid_ones(key, value, valid):
     assert key in msg and repr(value) in msg and valid in msg
 
 
+def test_image_pull_is_missing_or_always():
+    msg = one(m3_image_pull="sometimes")
+    assert "m3_image_pull" in msg and "'sometimes'" in msg and "'always'" in msg
+
+
 def test_unknown_platform_names_the_host():
     msg = one(m3_platform="h100")
     assert msg.startswith("host w0:") and "'h100'" in msg and "gb200" in msg and "mi355x" in msg

@@ -1,0 +1,94 @@
+"""The deploy record: `~/.config/m3deploy/<cluster>/deployed.json` on the controller (`M3DEPLOY_CONFIG` moves the
+root), written by the deploy's last role (roles/record.py), read by `m3deploy verify` and `m3deploy plan
+--diff-deployed`.
+
+Per host: "planned" (what the plan asked for: each service's image and full command, the model repos) and
+"running" (what the host reported after the deploy, m3deploy.facts.deployed: the image id and digests each
+container runs, driver, CUDA, ROCm, Dynamo version, each model repo's commit). Hosts write their entries
+concurrently (pyinfra runs hosts in greenlets): one lock, atomic replace.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from m3deploy.controller.cachelock import locked
+from m3deploy.controller.secrets import secrets_path
+from m3deploy.core.model import ClusterPlan, HostPlan
+
+VERSION = 1
+
+
+def record_path(cluster: str) -> Path:
+    return secrets_path(cluster).with_name("deployed.json")  # the same checked cluster directory
+
+
+def planned(plan: ClusterPlan, hp: HostPlan) -> dict:
+    return {"services": {s.name: {"image": s.image, "command": list(s.command)} for s in hp.services},
+            "model_repos": [r.repo for r in plan.model_repos] if hp.weights_dir else []}
+
+
+def load(cluster: str) -> dict:
+    p = record_path(cluster)
+    if not p.is_file():
+        return {}
+    return json.loads(p.read_text())
+
+
+def write_host(plan: ClusterPlan, hp: HostPlan, running: dict) -> Path:
+    p = record_path(plan.name)
+    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with locked(p, f"the deploy record of {plan.name}"):
+        doc = load(plan.name) or {"version": VERSION, "cluster": plan.name, "hosts": {}}
+        doc["hosts"][hp.name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "planned": planned(plan, hp), "running": running}
+        tmp = p.with_suffix(f".tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, p)
+    return p
+
+
+def diff(plan: ClusterPlan, record: dict) -> list[str]:
+    """What a deploy of `plan` would change against the record: one line per difference ([] = nothing)."""
+    if not record:
+        return [f"no deploy record ({record_path(plan.name)}): a deploy would install everything"]
+    out = []
+    hosts = record.get("hosts") or {}
+    for hp in plan.hosts:
+        have = hosts.get(hp.name)
+        if not have:
+            out.append(f"{hp.name}: not deployed yet")
+            continue
+        want, old = planned(plan, hp), have.get("planned") or {}
+        ws, os_ = want["services"], old.get("services") or {}
+        for name in ws.keys() - os_.keys():
+            out.append(f"{hp.name}: + {name} (new service)")
+        for name in os_.keys() - ws.keys():
+            out.append(f"{hp.name}: - {name} (removed)")
+        for name in sorted(ws.keys() & os_.keys()):
+            a, b = os_[name], ws[name]
+            if a.get("image") != b.get("image"):
+                out.append(f"{hp.name}: ~ {name} image {a.get('image')} -> {b.get('image')} (restart)")
+            elif a.get("command") != b.get("command"):
+                gone = [t for t in a.get("command", []) if t not in b["command"]]
+                new = [t for t in b["command"] if t not in a.get("command", [])]
+                out.append(f"{hp.name}: ~ {name} command changes (restart): - {' '.join(gone) or '(order)'} "
+                           f"+ {' '.join(new) or '(order)'}")
+        for repo in [r for r in want["model_repos"] if r not in (old.get("model_repos") or [])]:
+            out.append(f"{hp.name}: + model repo {repo} (staged)")
+    for name in hosts.keys() - {h.name for h in plan.hosts}:
+        out.append(f"{name}: in the record but not in the plan (not touched by a deploy; teardown it first)")
+    return out
+
+
+def describe_running(entry: dict) -> str:
+    r = entry.get("running") or {}
+    bits = [f"driver {r['driver']} (CUDA {r['cuda']})" if r.get("driver") else "",
+            f"ROCm {r['rocm']}" if r.get("rocm") else "", f"dynamo {r['dynamo']}" if r.get("dynamo") else ""]
+    for name, c in sorted((r.get("containers") or {}).items()):
+        bits.append(f"{name} {(c.get('digests') or [c.get('id') or 'not running'])[0]}")
+    for repo, commit in sorted((r.get("repos") or {}).items()):
+        bits.append(f"{repo}@{commit[:12] or 'missing'}")
+    return ", ".join(b for b in bits if b)
