@@ -13,28 +13,46 @@ from __future__ import annotations
 
 import ast
 import os
+import traceback
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from m3deploy.core.errors import M3Error
 
 
+def _source(path: Path) -> str:
+    """The file's text; a file that is not UTF-8 is refused with the line of its first bad byte."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise M3Error(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x}). Fix: save the file as UTF-8 "
+                      "(a spreadsheet export is often Latin-1 or UTF-16)") from None
+
+
 def _exec(path: Path) -> dict[str, Any]:
-    code = compile(path.read_text(encoding="utf-8"), str(path), "exec")
+    try:
+        code = compile(_source(path), str(path), "exec")
+    except SyntaxError as e:
+        raise M3Error(f"{path}:{e.lineno}: Python syntax error: {e.msg}. Fix: correct that line "
+                      "(inventory and group_data files are Python)") from None
     scope: dict[str, Any] = {"__file__": str(path)}
     try:
         exec(code, scope)
     except M3Error:
         raise
     except Exception as e:
-        raise M3Error(f"{path}: {type(e).__name__}: {e}") from e
+        tb = traceback.extract_tb(e.__traceback__)
+        line = next((f.lineno for f in reversed(tb) if f.filename == str(path)), None)
+        raise M3Error(f"{path}{f':{line}' if line else ''}: {type(e).__name__}: {e}") from None
     return scope
 
 
 def _imported_names(path: Path) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(_source(path))):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 names.add((alias.asname or alias.name).split(".")[0])
@@ -62,8 +80,10 @@ def group_data_dirs(inventory: Path, cwd: Path, extra: list[str] | None = None) 
     return dirs
 
 
-def _group_data(dirs: list[Path]) -> dict[str, dict]:
+def _group_data(dirs: list[Path], sources: dict[str, dict] | None = None) -> dict[str, dict]:
+    """{group: data}; `sources` gets {group: {key: file}}."""
     out: dict[str, dict] = {}
+    sources = {} if sources is None else sources
     for d in dirs:
         if not d.exists():
             continue
@@ -73,18 +93,26 @@ def _group_data(dirs: list[Path]) -> dict[str, dict]:
                 continue
             attrs = _exec(f)
             keys = attrs["__all__"] if "__all__" in attrs else [k for k in attrs if k not in _imported_names(f)]
-            out.setdefault(f.stem, {}).update({k: v for k, v in attrs.items() if k in keys and not k.startswith("__")})
+            data = {k: v for k, v in attrs.items() if k in keys and not k.startswith("__")}
+            out.setdefault(f.stem, {}).update(data)
+            sources.setdefault(f.stem, {}).update(dict.fromkeys(data, str(f)))
     return out
 
 
 def load(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None, cwd: str | None = None,
          group_data_directories: list[str] | None = None) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
     """-> [(host name, groups in pyinfra's order, merged data)] in inventory order."""
+    return [(n, g, d) for n, g, d, _ in _load(path, override_data, cwd, group_data_directories)]
+
+
+def _load(path, override_data=None, cwd=None, group_data_directories=None):
+    """load(), each host also with {key: the file (or `--data`) its value came from}."""
     path = Path(path)
     if not path.is_file():
         raise M3Error(f"inventory file {path} does not exist (shipped inventories are in inventories/)")
     attrs = _exec(path)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
+    _refuse_duplicates(path, groups)
     file_group = path.name.rsplit(".", 1)[0]
 
     all_data: dict[str, Any] = {}
@@ -103,18 +131,24 @@ def load(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None
     if file_group not in groups:
         groups[file_group] = list(all_hosts)
 
-    gdata = _group_data(group_data_dirs(path, Path(cwd or os.getcwd()), group_data_directories))
+    gsources: dict[str, dict] = {}
+    gdata = _group_data(group_data_dirs(path, Path(cwd or os.getcwd()), group_data_directories), gsources)
+    inv = str(path)
     resolved: dict[str, tuple[list, dict]] = {}
+    src: dict[str, dict] = {}
     for g, members in groups.items():
         data: dict[str, Any] = {}
         if isinstance(members, tuple):
             members, data = members
             data = dict(data)
+        src[g] = {**dict.fromkeys(data, inv), **gsources.get(g, {})}
         data.update(gdata.pop(g, {}))
         resolved[g] = (members, data)
+    all_src = {**dict.fromkeys(all_data, inv), **gsources.get("all", {})}
     all_data = {**dict(all_data), **gdata.pop("all", {})}
     for g, data in gdata.items():  # group_data for groups the inventory does not define
         resolved[g] = ([], data)
+        src[g] = gsources.get(g, {})
 
     host_data: dict[str, dict] = {}
     host_groups: dict[str, list[str]] = {}
@@ -130,13 +164,29 @@ def load(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None
     out = []
     for m in all_hosts:
         name = _split(m)[0]
-        merged = dict(all_data)
+        merged, sources = dict(all_data), dict(all_src)
         for g in host_groups.get(name, []):
             merged.update(resolved[g][1])
+            sources.update(src[g])
         merged.update(host_data.get(name, {}))
+        sources.update(dict.fromkeys(host_data.get(name, {}), inv))
         merged.update(override_data or {})
-        out.append((name, tuple(host_groups.get(name, [])), merged))
+        sources.update(dict.fromkeys(override_data or {}, "--data"))
+        out.append((name, tuple(host_groups.get(name, [])), merged, sources))
     return out
+
+
+def _refuse_duplicates(path: Path, groups: Mapping[str, Any]) -> None:
+    """A host listed twice in one group: pyinfra would merge the two silently (the second's data wins)."""
+    problems = []
+    for g, members in groups.items():
+        members = members[0] if isinstance(members, tuple) else members
+        names = [_split(m)[0] for m in members]
+        for n in dict.fromkeys(x for x in names if names.count(x) > 1):
+            problems.append(f"{path}: host {n} is listed {names.count(n)} times in group `{g}`; pyinfra would "
+                            "merge them into one host. Fix: give each host its own name (or delete the copy)")
+    if problems:
+        raise M3Error("\n".join(problems))
 
 
 @dataclass(frozen=True)
@@ -146,14 +196,15 @@ class InvHost:
     name: str
     groups: tuple[str, ...]
     data: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # key -> file it was set in
 
 
 def load_inventory(path: str | os.PathLike, override_data: Mapping[str, Any] | None = None) -> list[InvHost]:
     """Load a pyinfra inventory file (with group_data/) as `pyinfra` does (m3deploy.core.inventory)."""
     path = Path(path)
     extra = [str(path.resolve().parent.parent / "group_data")]
-    return [InvHost(name=n, groups=g, data=d)
-            for n, g, d in load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
+    return [InvHost(name=n, groups=g, data=d, sources=src)
+            for n, g, d, src in _load(path, override_data, cwd=str(Path.cwd()), group_data_directories=extra)]
 
 
 def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | None = None,

@@ -10,16 +10,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from m3deploy.core import catalog, layout, recipes
+from m3deploy.core import catalog, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
-from m3deploy.core.settings import DEFAULTS, PARALLEL_RE, effective_features, parse_parallel
+from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
 
 MAX_CONTEXT = 1048576
 
 
 def _v(h: InvHost, key: str):
-    v = h.data.get(key)
-    return DEFAULTS.get(key) if v is None else v
+    return get(h.data, key)  # typed: m3deploy.core.inputs checked every value first
 
 
 def _list(values) -> str:
@@ -41,8 +40,7 @@ class Cluster:
         ref = self.ref
         self.variant, self.engine = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine"))
         self.serving, self.state = str(_v(ref, "m3_serving")), str(_v(ref, "m3_state"))
-        raw = _v(ref, "m3_features") or []
-        self.raw_features = [raw] if isinstance(raw, str) else raw
+        self.raw_features = _v(ref, "m3_features") or []
         self.features = set(effective_features(self.raw_features))
         self.mode = str(_v(ref, "m3_parallel"))
         self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
@@ -75,8 +73,10 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
         return ["the inventory has no hosts. Fix: list hosts in the `control` and `workers` groups"]
     if not any("workers" in h.groups for h in hosts):
         return ["the inventory has no `workers` group (GPU hosts). Fix: define `workers = [...]` in the inventory file"]
+    problems = inputs.check_hosts(hosts)  # the schema and the input contract, before any rule reads a value
+    if problems:
+        return problems
     c = Cluster(hosts)
-    problems: list[str] = []
     for fn in RULES + (PLATFORM_RULES if c.known else []):
         fn(c, problems.append)
     return problems
@@ -113,9 +113,6 @@ def known_names(c: Cluster, add: Add) -> None:
 
 @rule(RULES)
 def features_known(c: Cluster, add: Add) -> None:
-    raw = _v(c.ref, "m3_features") or []
-    if isinstance(raw, str):
-        add(f"key m3_features must be a list, not the string {raw!r}. Fix: m3_features = [{raw!r}]")
     known = set(c.cat["features"])
     for f in c.raw_features:
         base = f[3:] if str(f).startswith("no-") else f
@@ -149,12 +146,7 @@ def max_model_len(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
-def override_types(c: Cluster, add: Add) -> None:
-    for key, kind_ in (("m3_extra_args", (list, tuple, dict)), ("m3_unset_args", (list, tuple)),
-                       ("m3_extra_env", (dict,))):
-        val = _v(c.ref, key)
-        if val is not None and not isinstance(val, kind_):
-            add(f"key {key}: expected {' or '.join(t.__name__ for t in kind_)}, got {type(val).__name__}")
+def extra_args_parse(c: Cluster, add: Add) -> None:
     try:
         recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
     except Exception as e:  # M3Error with the offending token
@@ -172,21 +164,24 @@ def host_platforms(c: Cluster, add: Add) -> None:
         if p not in platforms:
             add(f"host {h.name}: key m3_platform: unknown platform {p!r}. Fix: use one of {_list(platforms)}")
             continue
-        gph = h.data.get("m3_gpus_per_host")
-        if gph is not None and (not isinstance(gph, int) or gph < 1):
-            add(f"host {h.name}: key m3_gpus_per_host: {gph!r} is not a positive integer")
 
 
 @rule(PLATFORM_RULES)
 def variant_fits_platform(c: Cluster, add: Add) -> None:
-    variant, platform, vinfo = c.variant, c.platform, c.vinfo
-    if "generations" in vinfo and c.info["generation"] not in vinfo["generations"]:
-        ok = [p for p, i in c.platforms.items() if i["generation"] in vinfo["generations"]]
-        add(f"key m3_variant: {variant} needs {'/'.join(vinfo['generations'])} GPUs but m3_platform is {platform}. "
-            f"Fix: use {variant} on {_list(ok)}, or pick another variant (mxfp8, bf16)")
-    if "platforms" in vinfo and platform not in vinfo["platforms"]:
-        add(f"key m3_variant: {variant} runs only on {_list(vinfo['platforms'])}, not on {platform}. "
-            f"Fix: use mxfp8 or bf16 on {platform}")
+    """On every worker's platform, not only the first's."""
+    variant, vinfo = c.variant, c.vinfo
+    by_platform = defaultdict(list)
+    for name, p in c.plat_of.items():
+        by_platform[p].append(name)
+    for platform, names in by_platform.items():
+        if "generations" in vinfo and c.platforms[platform]["generation"] not in vinfo["generations"]:
+            ok = [p for p, i in c.platforms.items() if i["generation"] in vinfo["generations"]]
+            add(f"key m3_variant: {variant} needs {'/'.join(vinfo['generations'])} GPUs but m3_platform is "
+                f"{platform} on {_list(names)}. Fix: use {variant} on {_list(ok)}, or pick another variant "
+                "(mxfp8, bf16)")
+        if "platforms" in vinfo and platform not in vinfo["platforms"]:
+            add(f"key m3_variant: {variant} runs only on {_list(vinfo['platforms'])}, not on {platform} "
+                f"({_list(names)}). Fix: use mxfp8 or bf16 on {platform}")
 
 
 @rule(PLATFORM_RULES)
@@ -266,7 +261,7 @@ def worker_layout(c: Cluster, add: Add) -> None:
             "Fix: use vllm for multi-host workers")
     # weights must fit in the worker's GPU memory
     if engine != "mocker" and platform != "sim":
-        per_gpu = int(c.ref.data.get("m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
+        per_gpu = int(_v(c.ref, "m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
         mem = per_gpu * size
         need_gb = c.vinfo["vram_minimum_gb"]
         if "fp8-per-channel" in c.features:
@@ -284,18 +279,7 @@ def dynamo_needs_control(c: Cluster, add: Add) -> None:
             "`control = [...]` to the inventory")
 
 
-@rule(PLATFORM_RULES)
-def unique_hosts(c: Cluster, add: Add) -> None:
-    seen_addr = defaultdict(list)
-    for h in c.hosts:
-        a = str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name)
-        seen_addr[a].append(h.name)
-    for a, names in seen_addr.items():
-        if len(names) > 1:
-            add(f"hosts {_list(names)} share the address {a}. Fix: give each host its own m3_address/ssh_hostname")
-    names = [h.name for h in c.hosts]
-    for n in {n for n in names if names.count(n) > 1}:
-        add(f"host {n} is listed twice in the inventory")
+# unique host names, addresses and ssh_hostname: m3deploy.core.inventory (the loader) and core.inputs
 
 
 def check_plan(plan, hosts) -> list[str]:
@@ -304,6 +288,7 @@ def check_plan(plan, hosts) -> list[str]:
     add = problems.append
     parsers = cat["model"]["parsers"].get(plan.engine, {})
     cat_engines = catalog.engines()
+    data_of = {h.name: h.data for h in hosts}
     for hp in plan.hosts:
         bound = defaultdict(list)
         for svc in hp.services:
@@ -332,7 +317,11 @@ def check_plan(plan, hosts) -> list[str]:
                 problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
             for p in svc.ports:
                 bound[p.port].append((p.address, svc.name, p.name))
+        ssh_port = int(data_of.get(hp.name, {}).get("ssh_port") or 22)
         for port, users in bound.items():
+            if port == ssh_port:
+                add(f"host {hp.name}: port {port} of {users[0][1]} ({users[0][2]}) is the host's ssh_port. Fix: "
+                    "change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
             if len(users) > 1:
                 add(f"host {hp.name}: port {port} is used by "
                     + ", ".join(f"{s} ({n})" for _, s, n in users)
