@@ -11,19 +11,29 @@ from pathlib import Path
 import jinja2
 
 from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import ENV_NAME, control_chars, url_host
 from m3deploy.core.model import Service
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _SAFE_ENV = re.compile(r"^[A-Za-z0-9_@+=:,./-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _one_line(value):
+    """Jinja's finalize: every `{{ }}` field of a unit, env file or nats.conf is one line (systemd 252 ends a
+    line at \\n and at \\r, its env-file parser stops at NUL); anything else is refused, not rendered."""
+    what = control_chars(value) if isinstance(value, str) else ""
+    if what:
+        raise M3Error(f"refusing to render {value!r} into a host file: it holds {what}. Fix the inventory value "
+                      "it came from (m3deploy validate names it)")
+    return value
 
 
 def systemd_arg(arg: str) -> str:
     """One argv element for ExecStart=: quoted for systemd's splitter; $ and % made literal."""
-    if "\n" in arg:
-        raise M3Error(f"argument {arg!r} contains a newline; systemd units cannot carry it")
+    if control_chars(arg):
+        raise M3Error(f"argument {arg!r} holds {control_chars(arg)}; systemd units cannot carry it")
     if _SAFE_ARG.match(arg):
         return arg
     escaped = (arg.replace("\\", "\\\\").replace('"', '\\"')
@@ -37,17 +47,23 @@ def systemd_argv(argv) -> str:
 
 def env_line(name: str, value: str, dialect: str = "systemd") -> str:
     """KEY=value for systemd's EnvironmentFile= (quoted when needed) or `docker --env-file` (literal)."""
-    if not _ENV_NAME.match(name):
+    if not ENV_NAME.fullmatch(name):
         raise M3Error(f"bad environment variable name {name!r}")
     value = str(value)
-    if "\n" in value or "\r" in value:
-        raise M3Error(f"environment variable {name} contains a newline; env files cannot carry it")
+    if control_chars(value):
+        raise M3Error(f"environment variable {name} holds {control_chars(value)}; env files cannot carry it")
     if dialect == "docker":  # docker reads everything after '=' literally (no quotes, no escapes)
         return f"{name}={value}"
     if _SAFE_ENV.match(value):
         return f"{name}={value}"
     escaped = "".join("\\" + c if c in '"\\`$' else c for c in value)
     return f'{name}="{escaped}"'
+
+
+def nats_hostport(address: str, port: int) -> str:
+    """host:port for nats.conf; an IPv6 address bracketed and quoted (an unquoted `[` starts a NATS list)."""
+    hp = f"{url_host(address)}:{int(port)}"
+    return f'"{hp}"' if hp.startswith("[") else hp
 
 
 def container_name(service: Service) -> str:
@@ -58,11 +74,12 @@ def container_name(service: Service) -> str:
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False, finalize=_one_line)
     env.filters["systemd_argv"] = systemd_argv
     env.filters["systemd_arg"] = systemd_arg
     env.globals["env_line"] = env_line
     env.globals["container_name"] = container_name
+    env.filters["nats_hostport"] = nats_hostport
     return env
 
 

@@ -19,6 +19,7 @@ from pyinfra.operations import python
 from m3deploy.check import checks, contract, readiness
 from m3deploy.deploy import context
 from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import url_host
 from roles import _units
 
 
@@ -58,7 +59,7 @@ def _serving(cp):
     if cp.serving == "dynamo":
         fe = next(s for h in cp.hosts for s in h.services if s.kind == "frontend")
         port = next(p for p in fe.ports if p.name == "http")
-        took = readiness.wait_instances(f"http://{port.address}:{port.port}/health", count=len(cp.workers),
+        took = readiness.wait_instances(f"http://{url_host(port.address)}:{port.port}/health", count=len(cp.workers),
                                         timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
         host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
         base = f"http://{port.address}:{port.port}"

@@ -15,6 +15,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import teardown_path_problem
 from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
 from roles.artifacts import WHEELHOUSE_ROOT
@@ -22,9 +23,11 @@ from roles.etcd import AUTH_SCRIPT
 
 
 def _safe(path: str) -> str:
-    parts = [p for p in path.split("/") if p]
-    if not path.startswith("/") or len(parts) < 2 or ".." in parts:
-        raise M3Error(f"refusing to delete {path!r}: not an absolute path at least two levels deep")
+    """The path, if it lies in a directory m3 owns (the rule validation applies to m3_venv_root, m3_hf_cache and
+    m3_state_dir, m3deploy.core.inputs): teardown never deletes a system or shared directory."""
+    why = teardown_path_problem(path)
+    if why:
+        raise M3Error(f"refusing to delete {why}")
     return path
 
 

@@ -92,7 +92,8 @@ def deploy_weights():
               f"--entrypoint hf {shlex.quote(image)}")
     else:
         cli = settings.get(host.data, "m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
-        hf = f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "") + cli
+        hf = (f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "")
+              + shlex.quote(cli))
     for r in todo:
         model = shlex.quote(r.repo)
         rev = f" --revision {shlex.quote(r.revision)}" if r.revision != "main" else ""

@@ -12,6 +12,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, python
 
 from m3deploy.check import readiness
+from m3deploy.core.inputs import url_host
 from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
 
@@ -22,14 +23,14 @@ def _frontend_health(cp):
             if s.kind == "frontend":
                 for p in s.ports:
                     if p.name == "http":
-                        return s, f"http://{p.address}:{p.port}/health"
+                        return s, f"http://{url_host(p.address)}:{p.port}/health"
     return None, None
 
 
 def _wait_registered(url, address, count, timeout_s):
     def mine():
         return [i for i in readiness.generate_instances(url)
-                if str((i.get("transport") or {}).get("tcp", "")).startswith(f"{address}:")]
+                if str((i.get("transport") or {}).get("tcp", "")).startswith(f"{url_host(address)}:")]
     import time
     deadline = time.monotonic() + timeout_s
     while True:

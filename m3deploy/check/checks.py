@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 import click
 
 from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import control_chars, url_host
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
 WILDCARDS = ("0.0.0.0", "::", "*")
@@ -64,6 +65,8 @@ class Result:
 def _q(value: Any) -> str:
     """A value for ssh_config: double-quoted when it has spaces."""
     s = str(value)
+    if control_chars(s):  # a newline would start a new ssh_config option (a ProxyCommand runs on the controller)
+        raise M3Error(f"ssh_config value {s!r} holds {control_chars(s)}; fix the inventory (m3deploy validate)")
     if any(c in s for c in ' \t"'):
         if '"' in s:
             raise M3Error(f"ssh_config value {s!r} contains a double quote; rename the file or host")
@@ -332,7 +335,7 @@ class Context:
 
 # ---------------------------------------------------------------------------------------------- checks
 def _url_host(h: HostPlan, address: str) -> str:
-    return h.address if address in WILDCARDS else address
+    return url_host(h.address if address in WILDCARDS else address)
 
 
 def frontend(plan: ClusterPlan) -> tuple[HostPlan, Service] | None:

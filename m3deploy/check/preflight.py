@@ -238,7 +238,7 @@ def nccl_command(gpus: int, image: str = "", sizes_mib: str = "8,64,256,1024") -
     ]
     if image:
         lines[-1] += ("; elif command -v docker >/dev/null 2>&1; then "
-                      f"echo 'M3_NCCL_RUNNER docker {image}'; "
+                      f"echo {shlex.quote(f'M3_NCCL_RUNNER docker {image}')}; "
                       f"docker run --rm --gpus all --ipc=host --network=host {docker_env} -v \"$d\":/m3 "
                       f"--entrypoint python3 {shlex.quote(image)} {run}/m3/nccl_allreduce.py")
     lines[-1] += "; else echo 'M3_NCCL_RUNNER none'; exit 3; fi"

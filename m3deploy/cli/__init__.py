@@ -11,15 +11,14 @@ from m3deploy.core.errors import M3Error, ValidationError
 
 
 def _parse_data(items) -> dict:
+    from m3deploy.core.inventory import parse_cli_arg
+
     out = {}
     for item in items:
         if "=" not in item:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--data")
         k, v = item.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
+        out[k] = parse_cli_arg(v)  # as pyinfra --data
     return out
 
 

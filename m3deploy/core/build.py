@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
+from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
 from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
 
@@ -124,14 +125,14 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     venv = f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}"
     model_dir = f"{state_dir}/models/mock-minimax-m3" if engine == "mocker" else s["m3_hf_cache"]
     home = state_dir  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
-    addr = {h.name: str(h.data.get("m3_address") or h.data.get("ssh_hostname") or h.name) for h in hosts}
+    addr = {h.name: address_of(h) for h in hosts}
 
     services: dict[str, list[Service]] = {h.name: [] for h in hosts}
     etcd_url = nats_url = ""
     if serving == "dynamo" and control:
         c0 = control[0]
         a = addr[c0.name]
-        etcd_url, nats_url = f"http://{a}:{ETCD_CLIENT}", f"nats://{a}:{NATS_CLIENT}"
+        etcd_url, nats_url = f"http://{url_host(a)}:{ETCD_CLIENT}", f"nats://{url_host(a)}:{NATS_CLIENT}"
         services[c0.name] += _control_services(c0.name, a, state_dir, bool(s["m3_auth"]))
 
     common = _Common(s=s, mode=mode, size=size, ep=ep, features=features, model_id=model_id, served=served,
@@ -175,14 +176,14 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         for h in workers:
             services[h.name] = [_with_after(x, (fe,)) if x.kind in ("worker", "scripted") and x.rank == 0 and fe else x
                                 for x in services[h.name]]
-        endpoint = f"http://{addr[control[0].name]}:{s['m3_frontend_port']}/v1" if control else ""
+        endpoint = f"http://{url_host(addr[control[0].name])}:{s['m3_frontend_port']}/v1" if control else ""
     else:
         first = worker_plans[0].services[0] if worker_plans else ""
         endpoint = ""
         if first:
             hname, sname = first.split("/")
             port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
-            endpoint = f"http://{addr[hname]}:{port}/v1"
+            endpoint = f"http://{url_host(addr[hname])}:{port}/v1"
 
     repo_args = catalog.engines()[engine].get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker" and engine != "mocker"
@@ -235,14 +236,14 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Ser
     etcd = Service(
         name="etcd", kind="etcd", host=host,
         argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd/data",
-              "--listen-client-urls", f"http://{a}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{a}:{ETCD_CLIENT}",
-              "--listen-peer-urls", f"http://{a}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{a}:{ETCD_PEER}",
-              "--initial-cluster", f"{host}=http://{a}:{ETCD_PEER}"),
-        env=(("M3_ETCD_URL", f"http://{a}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
+              "--listen-client-urls", f"http://{url_host(a)}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{url_host(a)}:{ETCD_CLIENT}",
+              "--listen-peer-urls", f"http://{url_host(a)}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{url_host(a)}:{ETCD_PEER}",
+              "--initial-cluster", f"{host}=http://{url_host(a)}:{ETCD_PEER}"),
+        env=(("M3_ETCD_URL", f"http://{url_host(a)}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
         secret_env=(("M3_ETCD_ROOT_PASSWORD", "etcd-root-password"), ("M3_ETCD_PASSWORD", "etcd-password"))
         if auth else (),
         ports=(Port("client", ETCD_CLIENT, a), Port("peer", ETCD_PEER, a)),
-        readiness=Readiness(kind="http", url=f"http://{a}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
+        readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
                             timeout_s=60),
         env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd")
     nats = Service(
@@ -251,7 +252,7 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Ser
         env=(("NATS_AUTH_USERNAME", AUTH_USER),) if auth else (),
         secret_env=(("NATS_AUTH_PASSWORD", "nats-password"),) if auth else (),
         ports=(Port("client", NATS_CLIENT, a), Port("monitor", NATS_MONITOR, a)),
-        readiness=Readiness(kind="http", url=f"http://{a}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
+        readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
         env_file="/etc/m3/nats.env", workdir=f"{state_dir}/nats")
     return [etcd, nats]
 
@@ -284,7 +285,7 @@ def _frontend_service(c: _Common, h: InvHost, a: str, first_control: str) -> Ser
         name="m3-frontend", kind="frontend", host=h.name, argv=argv, env=tuple(env.items()),
         secret_env=DYN_SECRET_ENV if s["m3_auth"] else (),
         ports=(Port("http", port, a),),
-        readiness=Readiness(kind="http", url=f"http://{a}:{port}/live", timeout_s=r.readiness_timeout_s),
+        readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{port}/live", timeout_s=r.readiness_timeout_s),
         after=(f"{first_control}/etcd", f"{first_control}/nats"),
         env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
@@ -318,7 +319,7 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
     rules = catalog.engines()[engine]
     fill = {"model_id": model_id, "served": served, "model_dir": model_dir, "venv": venv, "address": address,
-            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
+            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master, "master_url_host": url_host(master),
             "master_port": s["m3_master_port"]}
     if s["m3_max_model_len"]:
         r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
@@ -350,10 +351,10 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         ports.append(Port("system", sys_port, address))
         if rules.get("kv_events"):
             ports.append(Port("kv-events", kv_port, address))
-        readiness = Readiness(kind="http", url=f"http://{address}:{sys_port}/health", timeout_s=timeout)
+        readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{sys_port}/health", timeout_s=timeout)
     else:
         ports.append(Port("http", http_port, address))
-        readiness = Readiness(kind="http", url=f"http://{address}:{http_port}/health", timeout_s=timeout)
+        readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{http_port}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
     if engine != "mocker":
         if nnodes > 1 and host.data.get("m3_interface"):

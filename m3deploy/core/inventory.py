@@ -12,6 +12,7 @@ comes after the inventory's own groups), the `all` group's data.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import traceback
 from pathlib import Path
@@ -19,6 +20,28 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from m3deploy.core.errors import M3Error
+
+
+def parse_cli_arg(arg):
+    """One `--data KEY=VALUE` value, parsed exactly as pyinfra 3.10 parses it (pyinfra_cli/util.py
+    `parse_cli_arg`, called from pyinfra_cli/cli.py `_set_override_data`): "true"/"false" in any case -> bool,
+    then int(), then JSON, else the string. `m3deploy plan --data` and `pyinfra --data` must plan the same
+    cluster; tests/unit/test_bad_inputs.py checks this against pyinfra's own function."""
+    if isinstance(arg, list):
+        return [parse_cli_arg(a) for a in arg]
+    if arg.lower() == "false":
+        return False
+    if arg.lower() == "true":
+        return True
+    try:
+        return int(arg)
+    except (TypeError, ValueError):
+        pass
+    try:
+        return json.loads(arg)
+    except ValueError:
+        pass
+    return arg
 
 
 def _source(path: Path) -> str:
