@@ -66,7 +66,7 @@ def url_host(address: str) -> str:
 def teardown_path_problem(path: Any) -> str:
     """Why teardown must not `rm -rf` this path ('' when it is confined to a directory m3 owns)."""
     if not isinstance(path, str) or not path.startswith("/"):
-        return f"{path!r} is not an absolute path"
+        return f"{path!r} is not an absolute path. {FIX_PATH}"
     if posixpath.normpath(path) != path or "//" in path:
         return f"{path!r} is not a normalized path (no trailing /, //, . or ..). Fix: {posixpath.normpath(path)!r}"
     if path in SYSTEM_DIRS or any(path.startswith(d + "/") for d in NEVER_INSIDE):

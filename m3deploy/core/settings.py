@@ -140,6 +140,50 @@ def get(data: Mapping[str, Any], key: str) -> Any:
     return KEYS[key].default if v is None else KEYS[key].parse(v)[0]
 
 
+CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the docs table shows it
+    "port": "TCP port 1024-65535, not 22, distinct on a host",
+    "ip": "an IPv4 or IPv6 literal, not 0.0.0.0 or ::, one per host",
+    "path:teardown": "absolute path in a directory m3 owns (a component named m3, m3-*, *-m3): teardown deletes it",
+    "path": "absolute host path",
+    "env": "{NAME: value}, NAME = [A-Za-z_][A-Za-z0-9_]*",
+    "names": "list of strings",
+    "ints": "list of positive whole numbers",
+    "name": "letters, digits, . _ -",
+    "ifname": "interface name (1-15 characters)",
+    "version": "a version, e.g. 1.6.1",
+}
+_FROM_CATALOG = {"m3_platform": "platforms", "m3_variant": "variants", "m3_engine": "engines",
+                 "m3_serving": "servings", "m3_features": "features", "m3_parallel": "parallel_modes"}
+
+
+def allowed(key: Key) -> str:
+    """The values a key accepts, in words (docs/INVENTORY.md's table)."""
+    if key.name in _FROM_CATALOG:
+        return ", ".join(map(str, catalog.catalog()[_FROM_CATALOG[key.name]]))
+    if key.values:
+        return ", ".join(map(str, key.values))
+    parts = [CHECKS[key.check]] if key.check else []
+    if key.range:
+        parts.append(f"{key.range[0]}..{key.range[1]}")
+    return "; ".join(parts)
+
+
+def markdown_table() -> str:
+    """Every key as a Markdown table: docs/INVENTORY.md holds it verbatim (tests/unit/test_bad_inputs.py)."""
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|")
+
+    def type_name(t) -> str:
+        return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
+
+    rows = ["| key | type | default | allowed | scope | meaning |", "|---|---|---|---|---|---|"]
+    for k in _KEYS:
+        default = "" if k.default is None else f"`{k.default!r}`"
+        rows.append(f"| `{k.name}` | {type_name(k.type)} | {cell(default)} | {cell(allowed(k))} | "
+                    f"{'cluster' if k.cluster else 'host'} | {cell(k.doc)} |")
+    return "\n".join(rows) + "\n"
+
+
 PARALLEL_RE = re.compile(r"^(tp|dp)(\d+)(-ep)?$")
 
 

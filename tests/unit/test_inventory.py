@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from m3deploy.core import inventory
+from m3deploy.core.errors import M3Error
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "inventories").glob("*.py") if p.stem != "testbed")
@@ -37,9 +38,21 @@ def test_same_as_pyinfra(path, monkeypatch):
         assert d1["m3_state"] == "absent"
 
 
-def test_errors_name_the_file(tmp_path):
+def _load_error(tmp_path, text: str) -> tuple[str, str]:
+    """(the inventory's path, the message loading it raised)."""
     bad = tmp_path / "bad.py"
-    bad.write_text("workers = [('a', {})]\nraise RuntimeError('boom')\n")
-    with pytest.raises(Exception) as e:
+    bad.write_text(text)
+    with pytest.raises(M3Error) as e:
         inventory.load(bad)
-    assert str(bad) in str(e.value) and "boom" in str(e.value)
+    return str(bad), str(e.value)
+
+
+def test_errors_name_the_file(tmp_path):
+    path, err = _load_error(tmp_path, "workers = [('a', {})]\nraise RuntimeError('boom')\n")
+    assert f"{path}:2: RuntimeError: boom" in err
+
+
+def test_duplicate_host_names_are_refused(tmp_path):
+    """pyinfra merges a host listed twice in one group into one (the second's data wins): refused instead."""
+    path, err = _load_error(tmp_path, 'workers = [("w1", {"m3_address": "10.0.0.2"}), ("w1", {"m3_address": "10.0.0.3"})]\n')
+    assert err.startswith(path) and "host w1 is listed 2 times in group `workers`" in err and "Fix" in err

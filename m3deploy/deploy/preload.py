@@ -1,0 +1,31 @@
+"""Before pyinfra reads the inventory: read it with m3deploy's loader, so a broken file stops the run with one
+line (file:line and the fix) instead of pyinfra's "An internal exception occurred" and a debug log, and a host
+listed twice in a group is refused instead of merged (pyinfra merges it silently).
+
+pyinfra 3.10 executes `config.py` from the working directory before it loads the inventory
+(pyinfra_cli/cli.py `_set_config`, then `make_inventory`); the repository's config.py calls `check()`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from m3deploy.core import inventory
+from m3deploy.core.errors import M3Error
+
+
+def check() -> None:
+    """Load the inventory named on pyinfra's command line (a .py file; anything else is pyinfra's) the way
+    `m3deploy validate` does; raise InvalidPlan (exit 2, one message) when it cannot be loaded."""
+    from m3deploy.deploy.context import InvalidPlan
+
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx else {}
+    path = Path(str(params.get("inventory") or ""))
+    if path.suffix != ".py" or not path.is_file():
+        return
+    try:
+        inventory.load(path, cwd=str(Path.cwd()), group_data_directories=list(params.get("group_data") or ()))
+    except M3Error as e:
+        raise InvalidPlan(f"the inventory cannot be loaded, nothing was changed:\n{e}") from None

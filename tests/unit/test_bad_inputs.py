@@ -1,0 +1,403 @@
+"""The input contract (issue #10): bad inventories a user could type, each refused before any host is touched
+with a message naming the host, the key (or the file) and the fix; or accepted and shown harmless.
+
+The contracts these cases hold m3deploy to:
+- systemd 252, systemd.syntax(7) and systemd.exec(7) "EnvironmentFile=": a unit or env-file line ends at a
+  newline (\\n) and also at a carriage return (\\r); the env-file parser works on C strings, so a NUL ends the
+  file there (the secrets after it are dropped). Hence \\n, \\r and NUL are refused in every value.
+- ssh_config(5): one keyword per line; a newline in ssh_hostname starts a new keyword (a `ProxyCommand` that
+  runs on the controller when `m3deploy verify` connects).
+- etcd 3.4/3.5 `--listen-client-urls` / `--listen-peer-urls`: "list of URLs to listen on ... domain names are
+  invalid for binding"; an IPv6 host goes in brackets (RFC 3986 3.2.2), as in every URL and in nats.conf.
+- pyinfra 3.10 `--data`: pyinfra_cli/cli.py `_set_override_data` -> pyinfra_cli/util.py `parse_cli_arg`
+  ("true"/"false" any case -> bool, then int, then JSON, else the string). `m3deploy --data` uses the same
+  function (m3deploy.core.inventory.parse_cli_arg), checked here against pyinfra's own.
+
+Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim; regenerate with
+`M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from m3deploy.cli import main
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory, settings
+from m3deploy.core.errors import M3Error, ValidationError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A valid Dynamo cluster on the sim platform (the testbed's shape): one control host, two workers.
+CONTROL = [("ctl", {"ssh_hostname": "10.0.0.1", "m3_address": "10.0.0.1"})]
+WORKERS = [("w1", {"ssh_hostname": "10.0.0.2", "m3_address": "10.0.0.2"}),
+           ("w2", {"ssh_hostname": "10.0.0.3", "m3_address": "10.0.0.3"})]
+CLUSTER = {"m3_platform": "sim", "m3_engine": "mocker", "m3_serving": "dynamo", "m3_parallel": "tp1"}
+
+
+def hosts(all_data=None, per_host=None, control=CONTROL, workers=WORKERS):
+    """The sim cluster with `all_data` over CLUSTER and per-host data merged in ({name: data})."""
+    per_host = per_host or {}
+
+    def members(group):
+        return [(n, {**d, **per_host.get(n, {})}) for n, d in group]
+
+    return inventory.hosts_from_dict({"control": members(control), "workers": members(workers)},
+                                     all_data={**CLUSTER, **(all_data or {})})
+
+
+def problems(**kw) -> list[str]:
+    with pytest.raises(ValidationError) as e:
+        planmod.build(hosts(**kw), name="sim")
+    return e.value.problems
+
+
+def refused(*must, **kw) -> str:
+    """The one problem that names everything in `must`; it must also name the fix."""
+    found = [p for p in problems(**kw) if all(m in p for m in must)]
+    assert found, f"no problem names {must}: {problems(**kw)}"
+    assert "Fix" in found[0] or "fix" in found[0], found[0]
+    return found[0]
+
+
+def test_the_base_cluster_is_valid():
+    plan = planmod.build(hosts(), name="sim")
+    assert [h.name for h in plan.hosts] == ["ctl", "w1", "w2"]
+
+
+# ------------------------------------------------------------------ teardown paths (rm -rf on m3_state=absent)
+@pytest.mark.parametrize("key,path", [
+    ("m3_hf_cache", "/var/lib"), ("m3_venv_root", "/usr/local"), ("m3_state_dir", "/"), ("m3_hf_cache", "/home/alice"),
+    ("m3_venv_root", "/opt"), ("m3_hf_cache", "/data/hf"), ("m3_state_dir", "/var/lib/m3/../.."),
+    ("m3_venv_root", "opt/m3"), ("m3_hf_cache", "/usr/share/m3"), ("m3_state_dir", "/etc/m3"),
+    ("m3_hf_cache", "/var/lib/m3/"),
+])
+def test_teardown_paths_must_be_m3_owned(key, path):
+    p = refused(f"key {key}: ", all_data={key: path})
+    assert p.startswith("hosts ctl, w1, w2"), p  # one message for every host the value reaches
+
+
+@pytest.mark.parametrize("path", ["/opt/m3", "/var/lib/m3/hf", "/data/m3-hf", "/mnt/nvme0/m3", "/home/alice/m3"])
+def test_m3_owned_paths_are_accepted(path):
+    planmod.build(hosts(all_data={"m3_hf_cache": path, "m3_venv_root": path}), name="sim")
+
+
+def test_teardown_role_refuses_an_unconfined_path_itself():
+    from roles.teardown import _safe
+
+    assert _safe("/var/lib/m3/hf") == "/var/lib/m3/hf"
+    for p in ("/var/lib", "/usr/local", "/"):
+        with pytest.raises(M3Error, match="refusing to delete"):
+            _safe(p)
+
+
+# ------------------------------------------------------------------ unit, env-file and config injection
+INJECT = "prod\n[Service]\nExecStartPre=+touch /tmp/x\n#"
+
+
+@pytest.mark.parametrize("all_data,per_host,key,host", [
+    ({"m3_cluster": INJECT}, None, "m3_cluster", "hosts ctl, w1, w2"),
+    ({"m3_cluster": "prod\n"}, None, "m3_cluster", "hosts ctl, w1, w2"),  # `$(cat CLUSTER)`'s newline
+    (None, {"w1": {"m3_address": "10.0.0.2\r"}}, "m3_address", "host w1"),  # a CRLF CSV
+    ({"m3_extra_env": {"NCCL_DEBUG": "INFO\0HF_TOKEN=x"}}, None, "m3_extra_env", "hosts"),  # NUL ends an env file
+    ({"m3_extra_env": {"KEY\n": "v"}}, None, "m3_extra_env", "hosts"),  # _ENV_NAME accepted "KEY\n"
+    ({"m3_extra_args": ["--max-num-seqs", "8\r"]}, None, "m3_extra_args", "hosts"),
+    ({"m3_state_dir": "/var/lib/m3\n"}, None, "m3_state_dir", "hosts"),  # WorkingDirectory=
+    (None, {"w2": {"m3_interface": "eth0\n"}}, "m3_interface", "host w2"),
+    (None, {"w1": {"ssh_hostname": "10.0.0.2\nProxyCommand touch /tmp/pwned"}}, "ssh_hostname", "host w1"),
+    (None, {"w1": {"ssh_user": "root\r"}}, "ssh_user", "host w1"),
+])
+def test_control_characters_are_refused(all_data, per_host, key, host):
+    p = refused(host, key, all_data=all_data, per_host=per_host)
+    assert re.search("a newline|a carriage return|a NUL byte", p), p
+
+
+def test_env_name_with_a_trailing_newline_is_refused_by_the_renderer_too():
+    from roles._render import env_line
+
+    with pytest.raises(M3Error):
+        env_line("KEY\n", "v")
+    with pytest.raises(M3Error):
+        env_line("KEY", "a\0b")
+
+
+def test_host_name_with_a_newline_is_refused():
+    bad = [("w1\nExecStartPre=/bin/sh", {"ssh_hostname": "10.0.0.2", "m3_address": "10.0.0.2"}), WORKERS[1]]
+    p = refused("host name", "'w1\\nExecStartPre=/bin/sh'", workers=bad)
+    assert "a newline" in p
+
+
+def test_every_template_field_is_one_line():
+    """The choke point under validation: the renderer refuses a control character in any {{ }} field."""
+    from dataclasses import replace
+
+    from roles._render import render
+
+    plan = planmod.build(hosts(), name="sim")
+    svc = plan.host("ctl").service("m3-frontend")
+    with pytest.raises(M3Error, match="a newline"):
+        render("m3-frontend.service.j2", cluster="prod", service=replace(svc, workdir="/x\nExecStartPre=+/bin/sh"),
+               user="m3", timeout_start_s=60, stop_timeout_s=10)
+    with pytest.raises(M3Error, match="a carriage return"):
+        render("m3-frontend.service.j2", cluster="prod\r", service=svc, user="m3", timeout_start_s=60,
+               stop_timeout_s=10)
+
+
+def test_ssh_config_writer_refuses_a_new_option():
+    from m3deploy.check.checks import ssh_config_text
+
+    h = inventory.InvHost("w1", ("workers",), {"ssh_hostname": "10.0.0.2\nProxyCommand touch /tmp/pwned"})
+    with pytest.raises(M3Error, match="a newline"):
+        ssh_config_text([h], "/tmp/ctl")
+
+
+def test_image_is_shell_quoted_in_preflight():
+    from m3deploy.check.preflight import nccl_command
+
+    image = "vllm/vllm-openai:v0.11'; touch /tmp/pwned; echo '"
+    cmd = nccl_command(8, image=image)
+    assert shlex.quote(f"M3_NCCL_RUNNER docker {image}") in cmd
+    assert f"'M3_NCCL_RUNNER docker {image}'" not in cmd
+    # the whole command still parses as one shell program, with the image as one word
+    assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
+
+
+# ------------------------------------------------------------------ typo keys, strict types
+@pytest.mark.parametrize("typo,meant", [
+    ("m3_paralel", "m3_parallel"), ("m3_extra_envs", "m3_extra_env"), ("m3_platfrom", "m3_platform"),
+    ("m3_allow_rebot", "m3_allow_reboot"), ("m3_hf_cach", "m3_hf_cache"),
+])
+def test_typo_keys_are_named_with_did_you_mean(typo, meant):
+    p = refused(typo, f"did you mean {meant}?", all_data={typo: "x"})
+    assert "it would be ignored" in p
+
+
+def test_unknown_key_far_from_any_is_still_refused():
+    refused("m3_owner_team", "docs/INVENTORY.md", all_data={"m3_owner_team": "infra"})
+
+
+@pytest.mark.parametrize("text,value", [("false", False), ("False", False), ("no", False), ("0", False),
+                                        ("true", True), ("YES", True), ("1", True), (0, False), (1, True)])
+def test_booleans_parse_strictly(text, value):
+    assert settings.get({"m3_allow_reboot": text}, "m3_allow_reboot") is value
+    plan = planmod.build(hosts(all_data={"m3_auth": text}), name="sim")
+    assert dict(plan.settings)["m3_auth"] is value
+
+
+@pytest.mark.parametrize("text", ["nope", "flase", "2", "", []])
+def test_non_booleans_are_refused(text):
+    refused("m3_allow_reboot", "is not a boolean", all_data={"m3_allow_reboot": text})
+
+
+@pytest.mark.parametrize("key,text", [
+    ("m3_gpu_memory_gb", "141GB"), ("m3_cudagraph_capture_sizes", "1,2,4"), ("m3_nats_max_payload", "32MB"),
+    ("m3_max_num_seqs", "256k"), ("m3_mocker_speedup_ratio", 1.5), ("m3_gpus_per_host", 0),
+    ("m3_cudagraph_capture_sizes", [1, "2"]), ("m3_nats_max_payload", 1 << 30),
+])
+def test_numbers_are_typed_not_int_tracebacks(key, text):
+    p = "\n".join(problems(all_data={key: text}))
+    assert key in p and "Traceback" not in p
+
+
+def test_a_number_from_a_csv_string_is_accepted():
+    plan = planmod.build(hosts(all_data={"m3_nats_max_payload": "33554432"}), name="sim")
+    assert dict(plan.settings)["m3_nats_max_payload"] == 33554432
+
+
+@pytest.mark.parametrize("key,value", [("m3_state", "gone"), ("m3_weights_download", "s3"),
+                                       ("m3_nvidia_driver_flavor", "closed"), ("m3_features", "text-only"),
+                                       ("m3_extra_env", ["A=1"]), ("m3_dynamo_version", "../../etc"),
+                                       ("m3_cluster", "a b"), ("m3_cluster", "../x")])
+def test_values_outside_their_set_are_refused(key, value):
+    assert any(key in p for p in problems(all_data={key: value}))
+
+
+# ------------------------------------------------------------------ --data: one parser, pyinfra's
+DATA_SAMPLES = ["False", "false", "TRUE", "True", "0", "1", "01", "-3", "1.5", "[1, 2]", '{"a": 1}', "null",
+                "x", "", "yes", "None", "NaN", "/var/lib/m3", "1e3", '"quoted"', "tp8"]
+
+
+@pytest.mark.parametrize("text", DATA_SAMPLES)
+def test_data_parses_like_pyinfra(text):
+    from pyinfra_cli.util import parse_cli_arg
+
+    ours, theirs = inventory.parse_cli_arg(text), parse_cli_arg(text)
+    assert (repr(ours), type(ours)) == (repr(theirs), type(theirs))
+
+
+def test_plan_data_m3_auth_false_plans_auth_off():
+    """`m3deploy plan --data m3_auth=False` plans what `pyinfra --data m3_auth=False` deploys: auth off."""
+    def plan(*data):
+        args = ["plan", "--json", "--no-facts", "inventories/gb200.py", "--data", "m3_serving=dynamo"]
+        r = CliRunner().invoke(main, args + [x for d in data for x in ("--data", d)], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    assert '"m3_auth": true' in plan() and "ETCD_AUTH_PASSWORD" in plan()
+    off = plan("m3_auth=False")
+    assert '"m3_auth": false' in off and "ETCD_AUTH_PASSWORD" not in off
+
+
+# ------------------------------------------------------------------ topology: duplicates, addresses, ports
+# a host listed twice in a group: tests/unit/test_inventory.py test_duplicate_host_names_are_refused
+
+
+def test_shared_ssh_hostname_is_refused():
+    refused("host w1", "ssh_hostname 10.0.0.9", "host w2", per_host={"w1": {"ssh_hostname": "10.0.0.9"},
+                                                                     "w2": {"ssh_hostname": "10.0.0.9"}})
+
+
+def test_shared_address_is_refused():
+    refused("host w1", "cluster address 10.0.0.9", per_host={"w1": {"m3_address": "10.0.0.9"},
+                                                            "w2": {"m3_address": "10.0.0.9"}})
+
+
+@pytest.mark.parametrize("addr,why", [("0.0.0.0", "binds every interface"), ("::", "binds every interface"),
+                                      ("gpu-01.example.com", "not an IP address"), ("10.0.0.256", "not an IP"),
+                                      ("10.0.0.2:22", "not an IP")])
+def test_addresses_are_ip_literals(addr, why):
+    refused("host w1", "m3_address", why, per_host={"w1": {"m3_address": addr}})
+
+
+def test_a_dns_ssh_hostname_needs_m3_address():
+    w = [("w1", {"ssh_hostname": "gpu-01.example.com"}), WORKERS[1]]
+    refused("host w1", "m3_address is not set", "gpu-01.example.com", workers=w)
+
+
+def test_ipv6_is_bracketed_in_every_url_and_in_nats_conf():
+    from roles._render import render
+
+    v6 = {"ctl": {"m3_address": "fd00::1", "ssh_hostname": "fd00::1"},
+          "w1": {"m3_address": "fd00::2", "ssh_hostname": "fd00::2"},
+          "w2": {"m3_address": "fd00::3", "ssh_hostname": "fd00::3"}}
+    plan = planmod.build(hosts(per_host=v6), name="sim")
+    etcd = plan.host("ctl").service("etcd")
+    assert "http://[fd00::1]:2379" in etcd.argv and f"ctl=http://[fd00::1]:2380" in etcd.argv
+    assert plan.endpoint == "http://[fd00::1]:8000/v1"
+    assert dict(plan.host("w1").services[0].env)["NATS_SERVER"] == "nats://[fd00::1]:4222"
+    assert all("://[" in s.readiness.url for h in plan.hosts for s in h.services if s.readiness and s.readiness.url)
+    nats = plan.host("ctl").service("nats")
+    port = {p.name: p for p in nats.ports}
+    conf = render("nats.conf.j2", cluster="sim", service=nats, client=port["client"], monitor=port["monitor"],
+                  store_dir="/x", auth=True, max_payload=1024)
+    assert 'listen: "[fd00::1]:4222"' in conf and 'http: "[fd00::1]:8222"' in conf
+    # IPv4 stays as it was (no change to deployed nats.conf files)
+    assert "listen: 10.0.0.1:4222" in render("nats.conf.j2", cluster="sim", service=nats,
+                                             client=port["client"].__class__("client", 4222, "10.0.0.1"),
+                                             monitor=port["monitor"], store_dir="/x", auth=True, max_payload=1024)
+
+
+@pytest.mark.parametrize("key,port,why", [("m3_frontend_port", 70000, "not a TCP port"),
+                                          ("m3_system_port", 22, "below 1024"), ("m3_frontend_port", 80, "below 1024"),
+                                          ("m3_kv_events_port", -1, "not a TCP port"),
+                                          ("m3_master_port", "29500x", "not a whole number")])
+def test_ports_are_checked(key, port, why):
+    refused(key, why, all_data={key: port})
+
+
+def test_a_port_on_the_ssh_port_is_refused():
+    refused("host ctl", "ssh_port", per_host={"ctl": {"ssh_port": 2222}}, all_data={"m3_frontend_port": 2222})
+
+
+def test_ports_colliding_on_a_host_are_refused():
+    refused("host ctl", "port 8000", all_data={"m3_frontend_port": 8000, "m3_system_port": 8000},
+            control=[("ctl", {"ssh_hostname": "10.0.0.1", "m3_address": "10.0.0.1"})],
+            workers=[("ctl", {}), WORKERS[1]])
+
+
+def test_variant_is_checked_on_every_worker_platform():
+    w = [("w1", {"m3_address": "10.0.0.2", "m3_platform": "b200"}),
+         ("w2", {"m3_address": "10.0.0.3", "m3_platform": "h200"})]
+    p = problems(all_data={"m3_platform": None, "m3_engine": "vllm", "m3_serving": "standalone",
+                           "m3_parallel": "tp8", "m3_variant": "nvfp4"}, workers=w, control=[])
+    assert any("m3_variant" in x and "h200" in x and "w2" in x and "Fix" in x for x in p), p
+
+
+# ------------------------------------------------------------------ files: syntax, encoding, source named
+def validate(tmp_path, inv_text: str, group_data: dict[str, bytes] | None = None):
+    inv = tmp_path / "inventories" / "c.py"
+    inv.parent.mkdir(parents=True, exist_ok=True)
+    inv.write_text(inv_text)
+    for name, raw in (group_data or {}).items():
+        (tmp_path / "group_data").mkdir(exist_ok=True)
+        (tmp_path / "group_data" / name).write_bytes(raw)
+    return CliRunner().invoke(main, ["validate", str(inv)], catch_exceptions=False), inv
+
+
+GOOD_INV = ('control = [("ctl", {"m3_address": "10.0.0.1"})]\n'
+            'workers = [("w1", {"m3_address": "10.0.0.2"})]\n')
+GD = b'm3_platform = "sim"\nm3_engine = "mocker"\nm3_serving = "dynamo"\nm3_parallel = "tp1"\n'
+
+
+def test_a_valid_file_inventory(tmp_path):
+    r, _ = validate(tmp_path, GOOD_INV, {"all.py": GD})
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("inv_text,gd,where", [
+    ('workers = [("w1", {})\n', GD, "inventories/c.py:1: Python syntax error"),
+    (GOOD_INV, GD + b"m3_hf_cache = '/var/lib/m3/hf\n", "group_data/all.py:5: Python syntax error"),
+    (GOOD_INV, GD + "m3_model_id = 'caf\u00e9'\n".encode("latin-1"), "group_data/all.py:5: not UTF-8"),
+    (GOOD_INV + "x = undefined_name\n", GD, "inventories/c.py:3: NameError"),
+])
+def test_file_errors_are_one_line_with_file_and_line(tmp_path, inv_text, gd, where):
+    r, _ = validate(tmp_path, inv_text, {"all.py": gd})
+    assert r.exit_code == 2 and where in r.output, r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_problems_name_the_file_the_key_was_set_in(tmp_path):
+    r, _ = validate(tmp_path, GOOD_INV, {"all.py": GD + b"m3_paralel = 'tp8'\n"})
+    assert r.exit_code == 2
+    assert "hosts ctl, w1 (" in r.output and "group_data/all.py): key m3_paralel" in r.output, r.output
+
+
+def test_pyinfra_deploy_prints_one_line_for_a_broken_inventory(tmp_path):
+    """`pyinfra INVENTORY deploy.py`: config.py has m3deploy read the inventory before pyinfra does."""
+    inv = tmp_path / "c.py"
+    inv.write_text('workers = [("@fake/w1", {})\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pyinfra", "-y", str(inv), "deploy.py"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert f"{inv}:1: Python syntax error" in out and "internal exception" not in out, out
+    assert not (ROOT / "pyinfra-debug.log").exists()
+
+
+# ------------------------------------------------------------------ shipped inventories, docs
+@pytest.mark.parametrize("inv", sorted(p.name for p in (ROOT / "inventories").glob("*.py") if p.stem != "testbed"))
+def test_shipped_inventories_pass_the_contract(inv):
+    from m3deploy.core import inputs
+
+    assert inputs.check_hosts(inventory.load_inventory(ROOT / "inventories" / inv)) == []
+
+
+DOCS = ROOT / "docs" / "INVENTORY.md"
+BEGIN, END = "<!-- keys: generated from m3deploy/core/settings.py -->\n", "<!-- keys: end -->\n"
+
+
+def test_docs_table_is_the_schema():
+    text = DOCS.read_text()
+    table = settings.markdown_table()
+    if os.environ.get("M3_UPDATE_DOCS"):
+        head, rest = text.split(BEGIN, 1)
+        DOCS.write_text(head + BEGIN + table + END + rest.split(END, 1)[1])
+        text = DOCS.read_text()
+    assert BEGIN + table + END in text, "docs/INVENTORY.md is stale: M3_UPDATE_DOCS=1 pytest -k docs"
+    for k in settings.KEYS:
+        assert f"| `{k}` |" in text
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/INVENTORY.md"])
+def test_every_key_the_docs_name_exists(doc):
+    text = (ROOT / doc).read_text()
+    named = set(re.findall(r"`(m3_[a-z0-9_]+)", text))
+    assert named and not named - set(settings.KEYS), named - set(settings.KEYS)
