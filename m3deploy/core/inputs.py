@@ -28,6 +28,9 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]*")
 CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")
+URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@%+=,-]+")
+USER = re.compile(r"[a-z_][a-z0-9_-]*")
+PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?")
 # directories a path key may never be, nor lie inside of (teardown would delete them, or the deploy write there)
 SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
                "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/local",
@@ -121,6 +124,15 @@ def _semantic(key, value) -> str:
         return f"{value!r} is not a network interface name (1-15 of letters, digits, . _ - : @)"
     elif check == "version" and not VERSION.fullmatch(value):
         return f"{value!r} is not a version (e.g. 1.6.1)"
+    elif check == "branch" and not re.fullmatch(r"[0-9]+", str(value)):
+        return f"{value!r} is not a driver branch. Fix: a number such as 580"
+    elif check == "url" and not URL.fullmatch(value):
+        return f"{value!r} is not an http(s) URL (no spaces or shell characters)"
+    elif check in ("users", "packages"):
+        rx = USER if check == "users" else PACKAGE
+        bad = [v for v in value if not isinstance(v, str) or not rx.fullmatch(v)]
+        if bad:
+            return f"{_names(bad)}: not {'a user' if check == 'users' else 'an apt package'} name"
     return ""
 
 

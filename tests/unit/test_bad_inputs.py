@@ -198,7 +198,7 @@ def test_non_booleans_are_refused(text):
 
 @pytest.mark.parametrize("key,text", [
     ("m3_gpu_memory_gb", "141GB"), ("m3_cudagraph_capture_sizes", "1,2,4"), ("m3_nats_max_payload", "32MB"),
-    ("m3_max_num_seqs", "256k"), ("m3_mocker_speedup_ratio", 1.5), ("m3_gpus_per_host", 0),
+    ("m3_max_num_seqs", "256k"), ("m3_mocker_speedup_ratio", "fast"), ("m3_gpus_per_host", 0),
     ("m3_cudagraph_capture_sizes", [1, "2"]), ("m3_nats_max_payload", 1 << 30),
 ])
 def test_numbers_are_typed_not_int_tracebacks(key, text):
@@ -214,7 +214,11 @@ def test_a_number_from_a_csv_string_is_accepted():
 @pytest.mark.parametrize("key,value", [("m3_state", "gone"), ("m3_weights_download", "s3"),
                                        ("m3_nvidia_driver_flavor", "closed"), ("m3_features", "text-only"),
                                        ("m3_extra_env", ["A=1"]), ("m3_dynamo_version", "../../etc"),
-                                       ("m3_cluster", "a b"), ("m3_cluster", "../x")])
+                                       ("m3_cluster", "a b"), ("m3_cluster", "../x"),
+                                       ("m3_nvidia_driver_branch", "580x"), ("m3_rocm_version", "latest"),
+                                       ("m3_docker_packages", ["docker.io; reboot"]), ("m3_gpu_users", ["Bob Smith"]),
+                                       ("m3_nvidia_repo_url", "http://mirror/$(reboot)"),
+                                       ("m3_container_python", "python3")])
 def test_values_outside_their_set_are_refused(key, value):
     assert any(key in p for p in problems(all_data={key: value}))
 
