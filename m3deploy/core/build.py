@@ -233,17 +233,18 @@ def _with_after(svc: Service, after: tuple[str, ...]) -> Service:
 
 
 def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Service]:
+    u = url_host(a)  # an IPv6 address in brackets (RFC 3986)
     etcd = Service(
         name="etcd", kind="etcd", host=host,
         argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd/data",
-              "--listen-client-urls", f"http://{url_host(a)}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{url_host(a)}:{ETCD_CLIENT}",
-              "--listen-peer-urls", f"http://{url_host(a)}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{url_host(a)}:{ETCD_PEER}",
-              "--initial-cluster", f"{host}=http://{url_host(a)}:{ETCD_PEER}"),
-        env=(("M3_ETCD_URL", f"http://{url_host(a)}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
+              "--listen-client-urls", f"http://{u}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{u}:{ETCD_CLIENT}",
+              "--listen-peer-urls", f"http://{u}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{u}:{ETCD_PEER}",
+              "--initial-cluster", f"{host}=http://{u}:{ETCD_PEER}"),
+        env=(("M3_ETCD_URL", f"http://{u}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
         secret_env=(("M3_ETCD_ROOT_PASSWORD", "etcd-root-password"), ("M3_ETCD_PASSWORD", "etcd-password"))
         if auth else (),
         ports=(Port("client", ETCD_CLIENT, a), Port("peer", ETCD_PEER, a)),
-        readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
+        readiness=Readiness(kind="http", url=f"http://{u}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
                             timeout_s=60),
         env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd")
     nats = Service(
@@ -252,7 +253,7 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Ser
         env=(("NATS_AUTH_USERNAME", AUTH_USER),) if auth else (),
         secret_env=(("NATS_AUTH_PASSWORD", "nats-password"),) if auth else (),
         ports=(Port("client", NATS_CLIENT, a), Port("monitor", NATS_MONITOR, a)),
-        readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
+        readiness=Readiness(kind="http", url=f"http://{u}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
         env_file="/etc/m3/nats.env", workdir=f"{state_dir}/nats")
     return [etcd, nats]
 
@@ -319,8 +320,8 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
     rules = catalog.engines()[engine]
     fill = {"model_id": model_id, "served": served, "model_dir": model_dir, "venv": venv, "address": address,
-            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master, "master_url_host": url_host(master),
-            "master_port": s["m3_master_port"]}
+            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
+            "master_url_host": url_host(master), "master_port": s["m3_master_port"]}
     if s["m3_max_model_len"]:
         r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
