@@ -5,8 +5,10 @@ m3_keep_caches); host_plan().services (units, env files, workdirs, containers), 
 Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
 workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
 etcd-server/nats-server packages (purged). Caches (wheelhouse, venv, mock model, weights_dir) and the
-directories holding them (/var/lib/m3, /opt/m3) are removed too unless m3_keep_caches is true; with it, only
-they stay. The system user m3 is removed. Idempotent.
+directories holding them (/var/lib/m3; m3_venv_root and /opt/m3 when nothing else is left in them) are removed
+too unless m3_keep_caches is true; with it, only they stay. Every path it deletes is confined to a directory m3
+owns (`_safe`, the rule validation applies to the path keys), and in m3_venv_root only the venvs carrying m3's
+stamp are removed. The system user m3 is removed. Idempotent.
 """
 import shlex
 from pathlib import PurePosixPath
@@ -18,7 +20,7 @@ from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import teardown_path_problem
 from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
-from roles.artifacts import WHEELHOUSE_ROOT
+from roles.artifacts import STAMP, WHEELHOUSE_ROOT
 from roles.etcd import AUTH_SCRIPT
 
 
@@ -29,6 +31,14 @@ def _safe(path: str) -> str:
     if why:
         raise M3Error(f"refusing to delete {why}")
     return path
+
+
+def remove_venvs(root: str, *parents: str) -> str:
+    """Shell: remove every venv in `root` (m3_venv_root) that artifacts.py made (it holds m3's stamp file), then
+    `root` and each of `parents` if nothing else is left in them: a user's files there stay."""
+    q = shlex.quote(root)
+    rmdirs = "".join(f"rmdir -- {shlex.quote(d)} 2>/dev/null; " for d in (root, *parents))
+    return f'for d in {q}/dynamo-*; do if [ -f "$d/{STAMP}" ]; then rm -rf -- "$d"; fi; done; {rmdirs}true'
 
 
 @deploy("Tear down the MiniMax-M3 stack")
@@ -73,10 +83,14 @@ def teardown():
                 paths.append(cp.model_dir)
         if hp.weights_dir:
             paths.append(hp.weights_dir)
-        if cp.venv:  # the roots artifacts.py created: every wheelhouse and venv m3deploy put there
-            paths += [WHEELHOUSE_ROOT, str(PurePosixPath(cp.venv).parent)]
+        if cp.venv:  # every wheelhouse artifacts.py put on the host
+            paths.append(WHEELHOUSE_ROOT)
         for p in dict.fromkeys(filter(None, paths)):
             files.directory(name=f"Remove {p}", path=_safe(p), present=False)
+        if cp.venv:
+            root = str(PurePosixPath(cp.venv).parent)
+            server.shell(name=f"Remove m3's venvs in {root}, and the directory if m3 left it empty",
+                         commands=[remove_venvs(_safe(root), str(PurePosixPath(WHEELHOUSE_ROOT).parent))])
     if any(not s.image and s.kind in ("frontend", "worker") for s in svcs):
         server.user(name=f"Remove system user {u.M3_USER}", user=u.M3_USER, present=False)
         if not keep:  # with m3_keep_caches the mock model and weights below it stay

@@ -48,3 +48,16 @@ def test_allow_reboot_string_false_does_not_reboot(fake):
     assert not any("Reboot" in n for n in names) and any(n.startswith("Stop:") for n in names), names
     run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(), host_data={"m3_allow_reboot": "yes"})
     assert any("Reboot" in n.split(" | ")[1] for n in run.names)
+
+
+def test_teardown_deletes_only_confined_paths_and_stamped_venvs(deploy_file):
+    data = {"ctl": {**CLUSTER, **CTL}, "w1": {**CLUSTER, **W1}}
+    run = deploy_file({n: {"data": d, "facts": {}} for n, d in data.items()}, GROUPS, override_data={"m3_state": "absent"})
+    for name in ("ctl", "w1"):
+        ops = run.for_host(name)
+        removed = [n.split(" | Remove ", 1)[1] for op in ops for n in op.names if " | Remove /" in n]
+        bad = [p for p in removed if not p.startswith(("/opt/m3/", "/var/lib/m3", "/etc/m3", "/etc/systemd/system/",
+                                                       "/usr/local/lib/m3/"))]
+        assert removed and not bad, bad
+        venvs = next(op for op in ops if op.name.startswith("Tear down the MiniMax-M3 stack | Remove m3's venvs"))
+        assert "/opt/m3/dynamo-*" in venvs.commands[0] and "rmdir -- /opt/m3" in venvs.commands[0]

@@ -98,6 +98,24 @@ def test_teardown_role_refuses_an_unconfined_path_itself():
             _safe(p)
 
 
+def test_teardown_removes_only_m3s_venvs_from_the_venv_root(tmp_path):
+    """Run the teardown's shell (bash) on a directory that holds an m3 venv, a user's file and a foreign dir."""
+    from roles.artifacts import STAMP
+    from roles.teardown import remove_venvs
+
+    root = tmp_path / "m3"
+    (root / "dynamo-1.6.1" / "bin").mkdir(parents=True)
+    (root / "dynamo-1.6.1" / STAMP).write_text("digest\n")
+    (root / "dynamo-0.9-mine").mkdir()  # no stamp: not m3's
+    (root / "notes.txt").write_text("keep me\n")
+    assert subprocess.run(["bash", "-c", remove_venvs(str(root))]).returncode == 0
+    assert sorted(p.name for p in root.iterdir()) == ["dynamo-0.9-mine", "notes.txt"]
+    (root / "notes.txt").unlink()
+    (root / "dynamo-0.9-mine").rmdir()
+    assert subprocess.run(["bash", "-c", remove_venvs(str(root))]).returncode == 0
+    assert not root.exists()  # empty: removed
+
+
 # ------------------------------------------------------------------ unit, env-file and config injection
 INJECT = "prod\n[Service]\nExecStartPre=+touch /tmp/x\n#"
 
