@@ -59,10 +59,10 @@ def _serving(cp):
     if cp.serving == "dynamo":
         fe = next(s for h in cp.hosts for s in h.services if s.kind == "frontend")
         port = next(p for p in fe.ports if p.name == "http")
-        took = readiness.wait_instances(f"http://{url_host(port.address)}:{port.port}/health", count=len(cp.workers),
+        base = f"http://{url_host(port.address)}:{port.port}"
+        took = readiness.wait_instances(f"{base}/health", count=len(cp.workers),
                                         timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
         host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
-        base = f"http://{port.address}:{port.port}"
         for model in contract.served_models(cp):  # listed is not routable: the frontend's own readiness
             took = readiness.wait_model_ready(base, model, timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
             host.log(f"{model}: /v1/models/{{model}}/ready ({took:.1f} s)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Port, Readiness, Service
 
 # shipped by roles/workers.py from files/m3-sim-engine.py; the mocker's launch in data/engines.yaml runs it
@@ -39,7 +40,7 @@ def scripted_service(worker: Service, port: int, model_dir: str, served: str, ho
     env.update(HOME=f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
     return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),
                    ports=(Port("system", port, address),),
-                   readiness=Readiness(kind="http", url=f"http://{address}:{port}/health",
+                   readiness=Readiness(kind="http", url=f"http://{url_host(address)}:{port}/health",
                                        timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
                    env_file=f"/etc/m3/{SCRIPTED}.env", workdir=f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
                    devices=(), provenance=())
