@@ -59,8 +59,9 @@ def stop_timeout_s(s: Service) -> int:
 
 
 def restart_s(s: Service) -> int:
-    """RestartSec: the serving processes come back fast (a SIGKILLed worker is routable again in ~2 s); with
-    StartLimitIntervalSec=0 this also paces a crash loop, which systemd then never gives up on."""
+    """RestartSec: the serving processes come back fast (a SIGKILLed worker was routable again in 4-6 s on the
+    loaded 2-core testbed, docs/OPERATIONS.md); with StartLimitIntervalSec=0 this also paces a crash loop, which
+    systemd then never gives up on."""
     return 1 if s.kind in ("worker", "frontend") else 2
 
 

@@ -103,11 +103,17 @@ def _write_results() -> None:
              "retries. Recovery: from the fault (or the end of the outage) until every planned worker is "
              "listed under its running process's id and has served (m3deploy.check.rollout).", "",
              "| drill | sent | ok | failed | recovery s | failures | notes |", "|---|---|---|---|---|---|---|"]
+    rows = {}  # drill -> table row; rows of drills not run this time (-k) stay from the same day's file
+    if os.path.exists(path):
+        for line in open(path).read().splitlines()[len(lines):]:
+            if line.startswith("| "):
+                rows[line.split(" | ")[0][2:]] = line
     for r in RESULTS:
         s: Stats = r["stats"]
         errs = ", ".join(f"{n}× {e}" for e, n in s.errors.most_common()) or "-"
-        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
-                     f"{r.get('note', '')} |")
+        rows[r["drill"]] = (f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
+                            f"{r.get('note', '')} |")
+    lines += rows.values()
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -160,24 +166,25 @@ def since(t0: float, wait) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ drills
-def test_sigkill_worker(cluster):
-    key = next(iter(cluster.heads))
+def _worker_drill(c: Cluster, index: int, name: str, command: str, note: str) -> tuple[Stats, float]:
+    """`systemctl <command> UNIT` on worker `index` under load; recovery: its new process routable again."""
+    key = list(c.heads)[index]
     host, unit = key.split("/")
-    old = _ids(cluster, key)
-    stats, rec = drill(cluster, "SIGKILL one worker", lambda: on(host, f"systemctl kill -s KILL {unit}"),
-                       lambda t0: since(t0, lambda: back(cluster, key, old)),
-                       note="systemd restarts it (Restart=always, RestartSec=1); in-flight requests migrate")
+    old = _ids(c, key)
+    return drill(c, name, lambda: on(host, f"systemctl {command} {unit}"),
+                 lambda t0: since(t0, lambda: back(c, key, old)), note=note)
+
+
+def test_sigkill_worker(cluster):
+    stats, rec = _worker_drill(cluster, 0, "SIGKILL one worker", "kill -s KILL",
+                               "systemd restarts it (Restart=always, RestartSec=1); in-flight requests migrate")
     assert stats.failed == 0, stats.summary()
-    assert rec < RECOVER_S, f"{key} routable again only after {rec:.1f} s"
+    assert rec < RECOVER_S, f"routable again only after {rec:.1f} s"
 
 
 def test_restart_worker(cluster):
-    key = list(cluster.heads)[1]
-    host, unit = key.split("/")
-    old = _ids(cluster, key)
-    stats, _ = drill(cluster, "`systemctl restart` one worker", lambda: on(host, f"systemctl restart {unit}"),
-                     lambda t0: since(t0, lambda: back(cluster, key, old)),
-                     note="SIGTERM: it unregisters, drains, restarts")
+    stats, _ = _worker_drill(cluster, 1, "`systemctl restart` one worker", "restart",
+                             "SIGTERM: it unregisters, drains, restarts")
     assert stats.failed == 0, stats.summary()
 
 
@@ -318,6 +325,19 @@ def test_restart_frontend(cluster):
                        lambda t0: since(t0, lambda: (all_registered(cluster), _serves(cluster))),
                        note="one frontend: requests in flight and those sent in the gap fail")
     assert rec < RECOVER_S, rec
+
+
+def test_hung_frontend_is_restarted_by_the_watchdog(cluster):
+    """A frontend that stops answering but does not exit (seen after a 30 s etcd outage: `Runtime shutdown
+    initiated`, HTTP port closed, process alive), simulated with SIGSTOP: m3-frontend-watchdog restarts it."""
+    def hang():
+        on(cluster.control, "kill -STOP $(systemctl show -p MainPID --value m3-frontend)")
+    stats, rec = drill(cluster, "frontend hung (SIGSTOP), restarted by the watchdog", hang,
+                       lambda t0: since(t0, lambda: (_serves(cluster, timeout_s=90), all_registered(cluster))),
+                       note="watchdog grace 15 s + restart; requests in the gap fail")
+    log = on(cluster.control, "journalctl -u m3-frontend-watchdog --no-pager -o cat -n 20")
+    assert "has not answered for 15 s while the unit is active: restarting it" in log, log
+    assert rec < 45, rec
 
 
 def test_unreachable_host_changes_nothing(cluster):
