@@ -42,9 +42,12 @@ def deploy_workers():
         u.ensure_workdir(s, user)
         unit_op, env_op = u.install_service(cp, s, "m3-worker@.service.j2", user)
         changed = [unit_op, env_op, *sim]
-        if rolling:  # changed units are restarted in turn by roles/_rollout.py, after every host has its files
+        # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
+        # has its files; the scripted test engine is no planned worker and restarts here
+        roll = rolling and s.kind == "worker"
+        if roll:
             _rollout.register(s, lambda ops=tuple(changed): any(u._did_change(op) for op in ops))
-        starts.append(u.start_or_restart(s, unit_op, changed, restart=not rolling))
+        starts.append(u.start_or_restart(s, unit_op, changed, restart=not roll))
     # all of this host's ranks start first, then the waits: engines load in parallel
     for s, started in zip(workers, starts):
         u.wait_ready(s, started)
