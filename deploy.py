@@ -17,6 +17,10 @@ Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 """
 from m3deploy.core.errors import M3Error, ValidationError
 from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
+from roles._failfast import stop_on_unreachable_or_failed_hosts
+
+# an unreachable host stops the run before any change; a host failing mid-deploy stops it after that operation
+stop_on_unreachable_or_failed_hosts()
 
 try:
     plan = cluster_plan()  # and, once, every controller artifact the hosts need (m3deploy.controller.prepare)
@@ -26,6 +30,7 @@ except ValidationError as e:
 except M3Error as e:
     raise InvalidPlan(f"the controller could not prepare the deploy, nothing was changed:\n{e}") from None
 
+from roles._rollout import roll_workers  # noqa: E402
 from roles.artifacts import deploy_artifacts  # noqa: E402
 from roles.drivers import deploy_drivers  # noqa: E402
 from roles.etcd import deploy_etcd  # noqa: E402
@@ -72,6 +77,8 @@ else:
     _all_hosts_reach("control services and GPU hosts ready")
     if "worker" in kinds:
         deploy_workers()
+    _all_hosts_reach("worker units written")
+    roll_workers()  # one op on one host: restarts the changed workers in turn (roles/_rollout.py)
     _all_hosts_reach("workers started")
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()

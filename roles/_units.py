@@ -54,7 +54,15 @@ def timeout_start_s(s: Service) -> int:
 
 
 def stop_timeout_s(s: Service) -> int:
+    """The drain bound: how long a graceful stop (SIGTERM: unregister, grace, finish in-flight) may take."""
     return 120 if s.image else 30
+
+
+def restart_s(s: Service) -> int:
+    """RestartSec: the serving processes come back fast (a SIGKILLed worker was routable again in 4-6 s on the
+    loaded 2-core testbed, docs/OPERATIONS.md); with StartLimitIntervalSec=0 this also paces a crash loop, which
+    systemd then never gives up on."""
+    return 1 if s.kind in ("worker", "frontend") else 2
 
 
 class PathState(FactBase):
@@ -191,7 +199,8 @@ def install_service(cp: ClusterPlan, s: Service, template: str, user: str, **ext
     """Ship the env file (0600 root) and the unit; return the ops whose change means restart."""
     env_op = put_text(name=f"Render {s.env_file}", text=service_env(s, secrets_for(cp)), dest=s.env_file, mode="0600")
     unit_text = render(template, cluster=cp.name, service=s, user=user,
-                       timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), **extra)
+                       timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
+                       **extra)
     unit_op = put_text(name=f"Render {unit_path(s)}", text=unit_text, dest=unit_path(s), mode="0644")
     return unit_op, env_op
 
@@ -208,18 +217,29 @@ def started_anything() -> bool:
     return any(_did_change(op) for op in getattr(state, "_m3_service_ops", ()))
 
 
-def start_or_restart(s: Service, unit_op, changed_ops):
+def start_or_restart(s: Service, unit_op, changed_ops, restart: bool = True):
     """daemon-reload if the unit changed; restart iff any of changed_ops changed, else ensure started.
+    With restart=False a changed unit is only enabled here and left to roles/_rollout.py (rolling restart).
     Returns a callable: did this run (re)start the service? (readiness waits run only then)."""
     systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
     changed = any_changed(*changed_ops)
-    restart = systemd.service(name=f"Restart {s.unit} (its files changed)", service=s.unit, running=True,
-                              restarted=True, enabled=True, _if=changed)
-    start = ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed())
+    if restart:
+        ops = [systemd.service(name=f"Restart {s.unit} (its files changed)", service=s.unit, running=True,
+                               restarted=True, enabled=True, _if=changed)]
+    else:  # enabled here, (re)started in turn by roles/_rollout.py, whose op counts for started_anything()
+        systemd.service(name=f"Enable {s.unit} (the rollout restarts it)", service=s.unit, running=None,
+                        enabled=True, _if=changed)
+        ops = []
+    ops.append(ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed()))
+    track(*ops)
+    return lambda: any(_did_change(op) for op in ops)
+
+
+def track(*ops) -> None:
+    """Ops that (re)start a service: started_anything() looks at them."""
     if not hasattr(state, "_m3_service_ops"):
         state._m3_service_ops = []
-    state._m3_service_ops += [restart, start]
-    return lambda: _did_change(restart) or _did_change(start)
+    state._m3_service_ops += ops
 
 
 @operation()

@@ -6,15 +6,31 @@ plan resolves them; secrets from the controller's store (~/.config/m3deploy/<clu
 
 Auth: when the service has secret M3_ETCD_ROOT_PASSWORD, files/m3-etcd-auth.py (ExecStartPost)
 turns etcd authentication on and creates the Dynamo user (role m3, readwrite on all keys).
+Auth tokens are JWTs signed with a key pair made on the host (m3deploy.core.build.etcd_jwt_option says why).
 Our /etc/systemd/system/etcd.service overrides the package's unit of the same name.
 """
-from pyinfra.api import deploy
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy, operation
 from pyinfra.operations import apt, files
 
+from m3deploy.core.build import etcd_jwt_keys
 from roles import _units as u
 
 AUTH_SCRIPT = "/usr/local/lib/m3/m3-etcd-auth.py"
 USER = "etcd"  # created by the etcd-server package
+
+
+@operation()
+def ensure_jwt_keys(key: str, pub: str):
+    """An RSA key pair for etcd's JWT auth tokens, made on the host once (0600 etcd: the private key never
+    leaves it). Regenerating it would log every client out, so an existing key is kept."""
+    if host.get_fact(u.PathState, path=key) != "-" and host.get_fact(u.PathState, path=pub) != "-":
+        return
+    k, p = shlex.quote(key), shlex.quote(pub)
+    yield (f"umask 077 && openssl genrsa -out {k} 2048 2>/dev/null && openssl rsa -in {k} -pubout -out {p} "
+           f"2>/dev/null && chown {USER}:{USER} {k} {p} && chmod 0600 {k} && chmod 0644 {p}")
 
 
 @deploy("Deploy etcd")
@@ -27,6 +43,8 @@ def deploy_etcd():
         auth = any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
         changed = []
         if auth:
+            key, pub = etcd_jwt_keys(s.workdir)
+            changed.append(ensure_jwt_keys(name=f"Make etcd's JWT signing key {key}", key=key, pub=pub))
             changed.append(files.put(name=f"Ship {AUTH_SCRIPT}", src=str(u.REPO / "files/m3-etcd-auth.py"),
                                      dest=AUTH_SCRIPT, user="root", group="root", mode="0755"))
         unit_op, env_op = u.install_service(cp, s, "etcd.service.j2", USER,

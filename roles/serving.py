@@ -16,10 +16,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy.check import checks, contract, readiness
-from m3deploy.deploy import context
+from m3deploy.check import checks, contract, readiness, rollout
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host
+from m3deploy.deploy import context
 from roles import _units
 
 
@@ -60,8 +60,11 @@ def _serving(cp):
         fe = next(s for h in cp.hosts for s in h.services if s.kind == "frontend")
         port = next(p for p in fe.ports if p.name == "http")
         base = f"http://{url_host(port.address)}:{port.port}"
-        took = readiness.wait_instances(f"{base}/health", count=len(cp.workers),
-                                        timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
+        heads = {f"{h.name}/{s.name}": checks.metrics_url(h, s) for h, s in checks.instance_services(cp)}
+        # each planned worker under the id of its running process: a count of entries passes with a dead or
+        # replaced worker still listed (issue 12)
+        took = rollout.wait_workers(checks.frontend_url(cp, "/health"), heads,
+                                    timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
         host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
         for model in contract.served_models(cp):  # listed is not routable: the frontend's own readiness
             took = readiness.wait_model_ready(base, model, timeout_s=fe.readiness.timeout_s if fe.readiness else 120)

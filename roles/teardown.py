@@ -22,6 +22,7 @@ from m3deploy.core.simengine import SIM_ENGINE
 from roles import _units as u
 from roles.artifacts import STAMP, WHEELHOUSE_ROOT
 from roles.etcd import AUTH_SCRIPT
+from roles.frontend import WATCHDOG, WATCHDOG_UNIT
 
 
 def _safe(path: str) -> str:
@@ -63,6 +64,11 @@ def teardown():
         if s.workdir:
             files.directory(name=f"Remove {s.workdir}", path=_safe(s.workdir), present=False)
     kinds = {s.kind for s in svcs}
+    if "frontend" in kinds:
+        server.shell(name=f"Stop and disable {WATCHDOG_UNIT}",
+                     commands=[f"systemctl disable --now {WATCHDOG_UNIT} 2>/dev/null || true"])
+        for path in (f"{u.UNIT_DIR}/{WATCHDOG_UNIT}", WATCHDOG):
+            files.file(name=f"Remove {path}", path=path, present=False)
     if "etcd" in kinds:
         files.file(name=f"Remove {AUTH_SCRIPT}", path=AUTH_SCRIPT, present=False)
     if any(SIM_ENGINE in s.argv for s in svcs):

@@ -232,6 +232,20 @@ def _with_after(svc: Service, after: tuple[str, ...]) -> Service:
     return replace(svc, after=tuple(dict.fromkeys(svc.after + after)))
 
 
+def etcd_jwt_keys(workdir: str) -> tuple[str, str]:
+    """etcd's JWT signing key pair (made on the host by roles/etcd.py, never leaves it)."""
+    return f"{workdir}/jwt.key", f"{workdir}/jwt.pub"
+
+
+def etcd_jwt_option(workdir: str) -> str:
+    """Signed (JWT) auth tokens instead of etcd's default `simple` ones: simple tokens live in etcd's memory, so
+    an etcd restart invalidates every client's token, and Dynamo 1.6.1 does not log in again (its frontend then
+    lists no worker: "invalid auth token", issue 12). A JWT stays valid across restarts; its TTL is long because
+    Dynamo does not renew it either (it is worth no more than the password its client holds)."""
+    key, pub = etcd_jwt_keys(workdir)
+    return f"jwt,pub-key={pub},priv-key={key},sign-method=RS256,ttl=87600h"
+
+
 def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Service]:
     u = url_host(a)  # an IPv6 address in brackets (RFC 3986)
     etcd = Service(
@@ -239,7 +253,8 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Ser
         argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd/data",
               "--listen-client-urls", f"http://{u}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{u}:{ETCD_CLIENT}",
               "--listen-peer-urls", f"http://{u}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{u}:{ETCD_PEER}",
-              "--initial-cluster", f"{host}=http://{u}:{ETCD_PEER}"),
+              "--initial-cluster", f"{host}=http://{u}:{ETCD_PEER}")
+        + (("--auth-token", etcd_jwt_option(f"{state_dir}/etcd")) if auth else ()),
         env=(("M3_ETCD_URL", f"http://{u}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
         secret_env=(("M3_ETCD_ROOT_PASSWORD", "etcd-root-password"), ("M3_ETCD_PASSWORD", "etcd-password"))
         if auth else (),
@@ -261,7 +276,9 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Ser
 def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tuple[str, str]]:
     env = [("HOME", home), ("ETCD_ENDPOINTS", etcd)]
     if auth:
-        env.append(("ETCD_AUTH_USERNAME", AUTH_USER))
+        # not read by Dynamo: names the etcd token type its login depends on, so that a change of it (simple ->
+        # jwt, etcd_jwt_option) changes this env file and restarts the clients, which hold tokens of the old type
+        env += [("ETCD_AUTH_USERNAME", AUTH_USER), ("M3_ETCD_AUTH_TOKEN", "jwt")]
     env.append(("NATS_SERVER", nats))
     if auth:
         env.append(("NATS_AUTH_USERNAME", AUTH_USER))

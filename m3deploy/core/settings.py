@@ -114,6 +114,11 @@ _KEYS = (
     Key("m3_nats_max_payload", int, 33554432, "NATS max_payload: long prompts time out below it (Dynamo issue 9734)",
         True, range=(1024, 64 << 20)),
     Key("m3_keep_caches", bool, False, "teardown keeps the venv, wheelhouse, mock model and weights", True),
+    # day 2 (roles/_rollout.py, docs/OPERATIONS.md)
+    Key("m3_rollout", str, "rolling", "changed worker units: 'rolling' (one engine instance at a time, drained) or "
+        "'all-at-once'", True, values=("rolling", "all-at-once")),
+    Key("m3_rollout_max_unavailable", int, 1, "rolling: engine instances drained and restarted together", True,
+        range=(1, 1 << 16)),
     # drivers and runtime (roles/drivers.py, roles/runtime.py, roles/_gpu.py)
     Key("m3_nvidia_driver_branch", (str, int), None, "NVIDIA driver branch (default: catalog vendors.nvidia)",
         check="branch"),

@@ -146,6 +146,19 @@ def max_model_len(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def rollout(c: Cluster, add: Add) -> None:
+    """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
+    mode = _v(c.ref, "m3_rollout")
+    if mode not in ("rolling", "all-at-once"):
+        add(f"key m3_rollout: {mode!r} is not a rollout strategy. Fix: use 'rolling' (one engine instance at a "
+            "time, no failed requests) or 'all-at-once' (every changed worker together)")
+    n = _v(c.ref, "m3_rollout_max_unavailable")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        add(f"key m3_rollout_max_unavailable: {n!r} must be a whole number >= 1 (engine instances drained and "
+            "restarted together). Fix: m3_rollout_max_unavailable = 1")
+
+
+@rule(RULES)
 def extra_args_parse(c: Cluster, add: Add) -> None:
     try:
         recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])

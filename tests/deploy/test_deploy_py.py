@@ -44,7 +44,7 @@ HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
 ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Ship Dynamo artifacts", "Container images",
               "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
-              "Check the cluster is serving", "Record the deployment"]
+              "Roll the workers", "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
 
@@ -286,15 +286,20 @@ def assert_role_order(run, cluster: Cluster):
         if "control" not in hp.groups:
             assert not set(got) & {"Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend"}, (name, got)
         barriers = [short(o) for o in ops if o.name.startswith(BARRIER)]
-        assert barriers == [BARRIER + "control services and GPU hosts ready", BARRIER + "workers started"], name
+        assert barriers == [BARRIER + "control services and GPU hosts ready", BARRIER + "worker units written",
+                            BARRIER + "workers started"], name
     seq = global_roles(run)
-    first, second = barrier_positions(run)
-    before, middle, after = seq[:first], seq[first + 1:second], seq[second + 1:]
+    first, second, third = barrier_positions(run)
+    before, middle, rolling, after = seq[:first], seq[first + 1:second], seq[second + 1:third], seq[third + 1:]
     assert set(middle) <= {"Deploy the workers"}, middle
-    assert "Deploy the workers" not in before + after
+    assert "Deploy the workers" not in before + rolling + after
+    # the rollout runs after every host has written its worker units, and before the serving check: nothing of
+    # the frontend, etcd or NATS runs while workers roll
+    assert set(rolling) <= {"Roll the workers"}, rolling
+    assert "Roll the workers" not in before + middle + after
     assert set(after) <= {"Check the cluster is serving", "Record the deployment"}, after
-    assert "Check the cluster is serving" not in before + middle
-    assert "Record the deployment" not in before + middle
+    assert "Check the cluster is serving" not in before + middle + rolling
+    assert "Record the deployment" not in before + middle + rolling
     # the deploy record is each host's last op (after the serving check) wherever the host runs something
     for name, ops in run.ops_by_host.items():
         hp = cluster.plan.host(name)
@@ -378,7 +383,10 @@ def check_worker_units(run, cluster, config: Path):
                 assert unit_field(unit, "EnvironmentFile") == [s.env_file]
             start = op(ops, f"Start {s.unit}")
             assert f"systemctl start {s.unit}" in start.commands and f"systemctl enable {s.unit}" in start.commands
-            assert op(ops, f"Restart {s.unit} (its files changed)").conditional  # only if a file changed
+            # only if a file changed; workers are then restarted in turn by the rollout (m3_rollout="rolling")
+            changed = f"Enable {s.unit} (the rollout restarts it)" if s.kind == "worker" else \
+                f"Restart {s.unit} (its files changed)"
+            assert op(ops, changed).conditional
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -569,8 +577,8 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     ctl, t1, t2 = (h.name for h in cluster.hosts)
     assert cluster.plan.host(ctl).groups == ("control",)
     assert roles_of(run.for_host(ctl)) == ["Ship Dynamo artifacts", "Deploy etcd", "Deploy NATS",
-                                           "Deploy the Dynamo frontend", "Check the cluster is serving",
-                                           "Record the deployment"]
+                                           "Deploy the Dynamo frontend", "Roll the workers",
+                                           "Check the cluster is serving", "Record the deployment"]
     units = {}
     for n in (t1, t2):
         (s,) = worker_services(cluster, n)

@@ -6,6 +6,7 @@ import pytest
 
 from m3deploy.core.errors import M3Error
 from roles._render import env_line, render, service_env, systemd_arg, systemd_argv
+from roles._units import restart_s
 from sample_plans import gpu_worker, sim_plan
 
 SECRETS = {"nats-password": "m3p-NATSsecret", "etcd-password": "m3p-ETCDsecret",
@@ -21,7 +22,8 @@ def all_services():
 
 def unit(s, **kw):
     return render(TEMPLATE[s.kind], cluster="testbed", service=s, user="root", timeout_start_s=150,
-                  stop_timeout_s=30, auth_script="/usr/local/lib/m3/m3-etcd-auth.py", **kw)
+                  stop_timeout_s=30, restart_s=restart_s(s), auth_script="/usr/local/lib/m3/m3-etcd-auth.py",
+                  **kw)
 
 
 def systemd_split(line):
@@ -38,7 +40,7 @@ def test_unit_runs_the_plan_command_and_holds_no_secret(s):
     for v in SECRETS.values():
         assert v not in text
     assert "0.0.0.0" not in text
-    assert "Restart=on-failure" in text and "TimeoutStartSec=150" in text
+    assert "TimeoutStartSec=150" in text
     assert re.search(r"^User=root$", text, re.M)
     if s.image:
         assert f"ExecStartPre=-/usr/bin/docker rm -f {s.name.replace('@', '-')}" in text
@@ -47,6 +49,20 @@ def test_unit_runs_the_plan_command_and_holds_no_secret(s):
     else:
         assert f"EnvironmentFile={s.env_file}" in text
         assert f"WorkingDirectory={s.workdir}" in text
+
+
+@pytest.mark.parametrize("s", all_services(), ids=lambda s: f"{s.host}-{s.name}")
+def test_unit_restarts_forever_and_stops_gracefully(s):
+    """Dynamo exits 0 when it loses its etcd lease (issue 12): only Restart=always brings it back, and
+    StartLimitIntervalSec=0 (in [Unit], where systemd 252 reads it) keeps a crash loop from giving up forever."""
+    text = unit(s)
+    unit_section = text.split("[Service]")[0]
+    assert "StartLimitIntervalSec=0" in unit_section
+    assert "Restart=always" in text
+    assert f"RestartSec={1 if s.kind in ('worker', 'frontend') else 2}" in text
+    if s.kind in ("worker", "frontend"):
+        # SIGTERM to the main process only (Dynamo unregisters and drains), SIGKILL after the drain bound
+        assert "KillMode=mixed" in text and "KillSignal=SIGTERM" in text and "TimeoutStopSec=40" in text
 
 
 @pytest.mark.parametrize("s", all_services(), ids=lambda s: f"{s.host}-{s.name}")
@@ -106,7 +122,8 @@ def test_nats_conf_binds_planned_addresses_and_has_no_secret():
 def test_etcd_unit_runs_auth_script_only_when_asked():
     s = sim_plan().host("ctl").service("etcd")
     assert "ExecStartPost=/usr/bin/python3 /usr/local/lib/m3/m3-etcd-auth.py" in unit(s)
-    text = render("etcd.service.j2", cluster="t", service=s, user="etcd", timeout_start_s=90, auth_script="")
+    text = render("etcd.service.j2", cluster="t", service=s, user="etcd", timeout_start_s=90, restart_s=2,
+                  auth_script="")
     assert "ExecStartPost" not in text and "Type=notify" in text and "User=etcd" in text
 
 

@@ -396,8 +396,9 @@ GB200_DATA = dict(variant="nvfp4", serving="dynamo", features=["eagle3-gqa", "te
                   m3_cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64])
 # what the plan adds on top of the seed's env: the timeouts the seed says to raise, the IMEX channel,
 # Dynamo's advertised addresses, NATS event plane, etcd/NATS auth user and health server
-# (docs/DYNAMO.md), offline weights.
-GB200_PLAN_ENV = {"VLLM_ENGINE_READY_TIMEOUT_S": "3600", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
+# (docs/DYNAMO.md), the etcd token type marker (m3deploy.core.build.etcd_jwt_option), offline weights.
+GB200_PLAN_ENV = {"M3_ETCD_AUTH_TOKEN": "jwt", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+                  "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
                   "NVIDIA_IMEX_CHANNELS": "0", "DYN_REQUEST_PLANE": "tcp", "HOME": "/root",
                   "DYN_EVENT_PLANE": "nats", "ETCD_AUTH_USERNAME": "m3", "NATS_AUTH_USERNAME": "m3",
                   "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": '["generate"]', "DYN_SYSTEM_PORT": "9090"}

@@ -1,0 +1,166 @@
+"""Rolling restart of changed worker units (m3_rollout = "rolling", the default), from the controller.
+
+pyinfra runs each operation on every host at once, so an order across hosts cannot be a chain of per-host
+ops. Instead the worker role only ships the units and env files (no restart) and records, per worker rank,
+whether its files changed; then ONE python.call on the endpoint-owning host (after a barrier: every host's
+files are written) restarts the changed engine instances in turn over pyinfra's own connections:
+
+  for each batch of m3_rollout_max_unavailable instances (plan order; a multi-host instance is one, all ranks):
+    1. drain: `systemctl stop` every rank (SIGTERM: Dynamo unregisters at once, then finishes in-flight
+       requests within TimeoutStopSec, the drain bound); the other instances keep serving;
+    2. start every rank, rank 0 first;
+    3. wait until each rank is ready and the frontend lists the NEW process of rank 0 and has routed a
+       request that it served (m3deploy.check.rollout.wait_routable), then the next batch.
+
+Instances that were not running at all (first deploy, after a teardown) have nothing to drain and start
+together. The call runs only when some worker file changed: a re-run with no change has 0 changed ops.
+A readiness failure stops the rollout with the unit's journal tail; instances not yet rolled keep serving.
+"""
+from __future__ import annotations
+
+import shlex
+import time
+
+import gevent
+from pyinfra import host, state
+from pyinfra.api import StringCommand, deploy
+from pyinfra.operations import python
+
+from m3deploy.check import readiness as _readiness
+from m3deploy.check import rollout
+from m3deploy.check.checks import frontend_url, metrics_url
+from m3deploy.core.errors import M3Error
+from roles import _units as u
+
+REQUEST = {"messages": [{"role": "user", "content": "rollout check"}], "max_tokens": 4}
+
+
+def _registry() -> dict:
+    if not hasattr(state, "_m3_worker_changes"):
+        state._m3_worker_changes = {}
+    return state._m3_worker_changes
+
+
+def register(s, changed) -> None:
+    """Record (at prepare time) the callable saying whether this rank's unit/env file changed this run."""
+    _registry()[f"{s.host}/{s.name}"] = changed
+
+
+def _changed() -> set[str]:
+    return {k for k, fn in _registry().items() if fn()}
+
+
+def mode(cp) -> tuple[str, int]:
+    st = dict(cp.settings)
+    return str(st.get("m3_rollout", "rolling")), int(st.get("m3_rollout_max_unavailable", 1))
+
+
+def _run(host_name: str, cmd: str) -> tuple[bool, str]:
+    h = state.inventory.get_host(host_name)
+    ok, out = h.run_shell_command(StringCommand(cmd))
+    return ok, "\n".join(out.output_lines) if hasattr(out, "output_lines") else str(out)
+
+
+def _systemctl(verb: str, keys: list[str]) -> None:
+    """`systemctl VERB unit` on each rank's host, all at once (gevent: pyinfra's connections are greenlets)."""
+    jobs = [(k, gevent.spawn(_run, k.split("/", 1)[0], f"systemctl {verb} {shlex.quote(k.split('/', 1)[1])}"))
+            for k in keys]
+    gevent.joinall([j for _, j in jobs])
+    bad = [(k, j.value[1]) for k, j in jobs if not j.value[0]]
+    if bad:
+        raise M3Error("; ".join(f"systemctl {verb} {k}: {out[-300:]}" for k, out in bad))
+
+
+def _service(cp, key: str):
+    hname, sname = key.split("/", 1)
+    hp = cp.host(hname)
+    return hp, hp.service(sname)
+
+
+def _tail(key: str) -> str:
+    hname, unit = key.split("/", 1)
+    return _run(hname, f"journalctl --no-pager -o short-iso -n 30 -u {shlex.quote(unit)} 2>&1 || true")[1]
+
+
+def _send(cp):
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": cp.served_model_name, **REQUEST}).encode()
+    req = urllib.request.Request(f"{cp.endpoint}/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    return lambda: urllib.request.urlopen(req, timeout=30).read()
+
+
+def _bring_up(cp, instances, old_ids: dict) -> None:
+    """Start every rank (rank 0 first), then wait: each rank ready, rank 0's new process routable."""
+    for rank in range(max(len(w.services) for w in instances)):
+        _systemctl("start", [w.services[rank] for w in instances if rank < len(w.services)])
+    health = frontend_url(cp, "/health") if cp.serving == "dynamo" else ""
+    for w in instances:
+        for key in w.services:
+            hp, s = _service(cp, key)
+            if s.readiness and s.readiness.kind in _readiness.CHECKS:
+                _readiness.wait_ready(s.readiness, what=key, logs=lambda k=key: _tail(k))
+        hp, s = _service(cp, w.services[0])
+        murl = metrics_url(hp, s)
+        if health and murl:
+            took = rollout.wait_routable(w.services[0], health, murl, old_ids.get(w.index, ()), _send(cp),
+                                         timeout_s=s.readiness.timeout_s if s.readiness else 120)
+            host.log(f"worker {w.index} ({w.services[0]}): routed to and served ({took:.1f} s)")
+
+
+def _is_active(key: str) -> bool:
+    hname, unit = key.split("/", 1)
+    return _run(hname, f"systemctl is-active {shlex.quote(unit)}")[1].strip() == "active"
+
+
+def _ids(cp, key: str) -> set[str]:
+    hp, s = _service(cp, key)
+    murl = metrics_url(hp, s)
+    try:
+        return set(rollout.worker_counts(murl)) if murl else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def _roll(cp) -> None:
+    changed = _changed()
+    todo = [w for w in cp.workers if changed & set(w.services)]
+    _, max_unavailable = mode(cp)
+    idle = [w for w in todo if not _is_active(w.services[0])]
+    live = [w for w in todo if w not in idle]
+    done: list[int] = []
+    if idle:
+        _bring_up(cp, idle, {})
+        host.log(f"started {len(idle)} worker(s) that were not running: {', '.join(str(w.index) for w in idle)}")
+    for batch in rollout.batches(live, max_unavailable):
+        names = ", ".join(f"worker {w.index} ({' + '.join(w.services)})" for w in batch)
+        try:
+            old = {w.index: _ids(cp, w.services[0]) for w in batch}
+            t0 = time.monotonic()
+            _systemctl("stop", [k for w in batch for k in w.services])  # SIGTERM: unregister, drain
+            drained = time.monotonic() - t0
+            _bring_up(cp, batch, old)
+        except M3Error as e:
+            rest = [w.index for w in live if w.index not in done and w not in batch]
+            raise M3Error(
+                f"rolling restart stopped at {names}: {e}\n"
+                f"  rolled already: {done or 'none'}; not rolled, still serving the previous version: "
+                f"{rest or 'none'} (their new unit files are written and take effect on their next restart).\n"
+                "  fix or roll back: correct the inventory/group_data (or check out the previous version of it) and "
+                "run the deploy again: it re-renders the units and rolls the changed workers the same way") from None
+        done += [w.index for w in batch]
+        host.log(f"rolled {names}: drained in {drained:.1f} s, serving again")
+
+
+@deploy("Roll the workers")
+def roll_workers() -> None:
+    """On the endpoint-owning host only: one python.call that rolls the changed workers (see module doc)."""
+    from roles.serving import endpoint_owner
+
+    cp, hp = u.plans()
+    if mode(cp)[0] != "rolling" or hp.name != endpoint_owner(cp):
+        return
+    u.track(python.call(name="Roll the changed workers, one engine instance at a time", function=_roll, cp=cp,
+                        _if=lambda: bool(_changed())))
