@@ -18,5 +18,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     pkill -x "${svc%-server}" >/dev/null 2>&1 || true
   done
 fi
-echo "== pip install -e . (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra)"
-python3 -m pip install -q --disable-pip-version-check -e ".[mocker]"
+echo "== pip install -e . (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra, matplotlib)"
+python3 -m pip install -q --disable-pip-version-check -e ".[mocker,bench]"
+# `m3deploy bench` on the testbed: NVIDIA AIPerf (the version pinned in pyproject's `bench-client` extra) in its own
+# venv, so its pins (rich~=14.1, pandas, pillow, ...) never replace this environment's.
+aiperf_pin=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench-client"][0])')
+aiperf_venv="/opt/m3deploy/aiperf-${aiperf_pin#*==}"
+if ! "$aiperf_venv/bin/aiperf" --version >/dev/null 2>&1; then
+  echo "== $aiperf_pin into $aiperf_venv (the testbed's benchmark client)"
+  python3 -m venv "$aiperf_venv"
+  "$aiperf_venv/bin/python" -m pip install -q --disable-pip-version-check "$aiperf_pin"
+fi
+ln -sfn "$aiperf_venv/bin/aiperf" /usr/local/bin/aiperf
