@@ -51,7 +51,8 @@ def deploy_workers():
     # all of this host's ranks start first, then the waits: engines load in parallel
     for s, started in zip(workers, starts):
         u.wait_ready(s, started)
-    heads = [s for s in workers if s.rank == 0 and metrics_url(hp, s)]
+    # the ones started here; engine instances left to the rollout are waited for by roles/_rollout.py
+    heads = [s for s in workers if s.rank == 0 and metrics_url(hp, s) and not (rolling and s.kind == "worker")]
     if cp.serving == "dynamo" and heads:
         timeout = max((s.readiness.timeout_s for s in heads if s.readiness), default=120)
         python.call(name=f"Wait until the frontend lists this host's {len(heads)} worker(s)",
