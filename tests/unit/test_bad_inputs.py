@@ -423,3 +423,68 @@ def test_every_key_the_docs_name_exists(doc):
     text = (ROOT / doc).read_text()
     named = set(re.findall(r"`(m3_[a-z0-9_]+)", text))
     assert named and not named - set(settings.KEYS), named - set(settings.KEYS)
+
+
+# ------------------------------------------------------------------ seed rules (tests/fixtures/seeds/000-serving-recipe.txt)
+def amd(platform="mi355x", **data):
+    """A standalone vLLM cluster of one 8-GPU AMD worker, with `data` over it."""
+    return {"all_data": {"m3_platform": platform, "m3_engine": "vllm", "m3_serving": "standalone",
+                         "m3_parallel": "tp8", "m3_variant": "bf16", **data},
+            "control": [], "workers": WORKERS[:1]}
+
+
+def plan_of(**kw):
+    return planmod.build(hosts(**kw), name="seed")
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"m3_unset_args": ["--block-size"]}, "m3_unset_args"),
+    ({"m3_unset_args": ["--block_size"]}, "m3_unset_args"),
+    ({"m3_extra_args": ["--block-size", "16"]}, "m3_extra_args"),
+    ({"m3_extra_args": ["--block_size", "16"]}, "m3_extra_args"),
+    ({"m3_extra_args": ["--block-size=64"]}, "m3_extra_args"),
+    ({"m3_extra_args": {"--block-size": 256}}, "m3_extra_args"),
+])
+def test_block_size_other_than_128_is_refused(data, key):
+    """The seed: "--block-size 128 is mandatory on every platform (MSA sparse/index cache)"."""
+    assert "128" in refused(key, "block", **amd(**data))
+
+
+def test_block_size_128_in_extra_args_is_accepted():
+    plan_of(**amd(m3_extra_args=["--block-size", "128"]))
+
+
+def test_fp8_per_channel_with_encoder_parallel_is_refused_not_silently_dropped():
+    assert "encoder-parallel" in refused("fp8-per-channel", **amd(m3_features=["fp8-per-channel", "encoder-parallel"]))
+
+
+@pytest.mark.parametrize("platform", ["mi300x", "mi325x", "mi350x", "mi355x"])
+def test_fp8_per_channel_applies_on_every_amd_platform(platform):
+    """The seed lists PTPC under "AMD ROCm (MI350X/MI355X (gfx950), MI300X/MI325X (gfx942))"."""
+    plan = plan_of(**amd(platform, m3_features=["fp8-per-channel"]))
+    argv = " ".join(" ".join(s.argv) for h in plan.hosts for s in h.services)
+    assert "--quantization fp8_per_channel" in argv
+
+
+@pytest.mark.parametrize("mml", [524289, 1048576])
+def test_amd_past_512k_needs_long_context_1m(mml):
+    assert "long-context-1m" in refused("m3_max_model_len", "512K", **amd(m3_max_model_len=mml))
+
+
+def test_amd_1m_with_long_context_1m_is_accepted():
+    plan_of(**amd(m3_max_model_len=1048576, m3_features=["long-context-1m"]))
+    plan_of(**amd(m3_max_model_len=524288))
+
+
+@pytest.mark.parametrize("platform", ["mi350x", "mi355x", "mi300x"])
+def test_bf16_below_tp8_on_amd_is_refused(platform):
+    assert "tp8" in refused("m3_parallel", "BF16 needs TP=8", **amd(platform, m3_parallel="tp4"))
+
+
+def test_mxfp8_at_tp4_on_mi355x_is_accepted():
+    plan_of(**amd("mi355x", m3_parallel="tp4", m3_variant="mxfp8"))
+
+
+def test_h20_capacity_refusal_names_m3_gpu_memory_gb():
+    data = amd("h20", m3_parallel="tp4")
+    assert "96 GB" in refused("m3_parallel", "m3_gpu_memory_gb", **data)
