@@ -488,3 +488,27 @@ def test_mxfp8_at_tp4_on_mi355x_is_accepted():
 def test_h20_capacity_refusal_names_m3_gpu_memory_gb():
     data = amd("h20", m3_parallel="tp4")
     assert "96 GB" in refused("m3_parallel", "m3_gpu_memory_gb", **data)
+
+
+# ------------------------------------------------------------------ secrets never in m3_extra_env / m3_extra_args
+SECRET = "s3cr3t-value-0123456789"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "hf_token", "OPENAI_API_KEY", "NATS_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+                                  "VLLM_APIKEY", "Db_Passwd"])
+def test_secret_looking_env_names_are_refused_without_the_value(name):
+    msg = refused("m3_extra_env", repr(name), all_data={"m3_extra_env": {name: SECRET}})
+    assert SECRET not in msg and "m3_hf_token_file" in msg
+
+
+@pytest.mark.parametrize("args", [["--api-key", SECRET], [f"--api-key={SECRET}"], ["--api_key", SECRET],
+                                  {"--api-key": SECRET}, ["--hf-token", SECRET], ["--password", SECRET]])
+def test_secret_flags_in_extra_args_are_refused_without_the_value(args):
+    msg = refused("m3_extra_args", "secret", all_data={"m3_extra_args": args})
+    assert SECRET not in msg
+
+
+@pytest.mark.parametrize("env,args", [({"VLLM_MAX_TOKENS_PER_EXPERT": "1", "MONKEY_PATCH": "0"}, []),
+                                      ({}, ["--max-num-batched-tokens", "8192", "--num-speculative-tokens", "3"])])
+def test_names_merely_containing_token_or_key_are_fine(env, args):
+    planmod.build(hosts(all_data={"m3_extra_env": env, "m3_extra_args": args}), name="sim")
