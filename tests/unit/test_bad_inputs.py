@@ -13,7 +13,7 @@ The contracts these cases hold m3deploy to:
   ("true"/"false" any case -> bool, then int, then JSON, else the string). `m3deploy --data` uses the same
   function (m3deploy.core.inventory.parse_cli_arg), checked here against pyinfra's own.
 
-Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim; regenerate with
+Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim, README.md settings.readme_table(); regenerate with
 `M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs`.
 """
 from __future__ import annotations
@@ -406,15 +406,22 @@ DOCS = ROOT / "docs" / "INVENTORY.md"
 BEGIN, END = "<!-- keys: generated from m3deploy/core/settings.py -->\n", "<!-- keys: end -->\n"
 
 
-def test_docs_table_is_the_schema():
-    text = DOCS.read_text()
-    table = settings.markdown_table()
+README_BEGIN = ("<!-- keys:start (generated from m3deploy/core/settings.py README_KEYS: "
+                "M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs) -->\n")
+GENERATED = [(DOCS, BEGIN, END, settings.markdown_table, settings.KEYS),
+             (ROOT / "README.md", README_BEGIN, "<!-- keys:end -->\n", settings.readme_table, settings.README_KEYS)]
+
+
+@pytest.mark.parametrize("doc,begin,end,table,keys", GENERATED, ids=["INVENTORY.md", "README.md"])
+def test_docs_table_is_the_schema(doc, begin, end, table, keys):
+    text = doc.read_text()
+    table = table()
     if os.environ.get("M3_UPDATE_DOCS"):
-        head, rest = text.split(BEGIN, 1)
-        DOCS.write_text(head + BEGIN + table + END + rest.split(END, 1)[1])
-        text = DOCS.read_text()
-    assert BEGIN + table + END in text, "docs/INVENTORY.md is stale: M3_UPDATE_DOCS=1 pytest -k docs"
-    for k in settings.KEYS:
+        head, rest = text.split(begin, 1)
+        doc.write_text(head + begin + table + end + rest.split(end, 1)[1])
+        text = doc.read_text()
+    assert begin + table + end in text, f"{doc.name} is stale: M3_UPDATE_DOCS=1 pytest -k docs"
+    for k in keys:
         assert f"| `{k}` |" in text
 
 
