@@ -110,6 +110,13 @@ def _semantic(key, value) -> str:
         bad = [k for k, v in value.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)]
         if bad:
             return f"the value of {_names(bad)} is not a string or number. Fix: quote it, e.g. \"1\""
+        bad = secret_env_names(value)
+        if bad:
+            return f"{_names(bad)} look(s) like a secret (value not shown). {SECRET_FIX}"
+    elif check == "args":
+        bad = secret_flags(value)
+        if bad:
+            return f"{_names(bad)} carries a secret (value not shown). {SECRET_FIX}"
     elif check == "names":
         bad = [v for v in value if not isinstance(v, str) or not v]
         if bad:
@@ -134,6 +141,23 @@ def _semantic(key, value) -> str:
         if bad:
             return f"{_names(bad)}: not {'a user' if check == 'users' else 'an apt package'} name"
     return ""
+
+
+# Secrets never ride in m3_extra_env / m3_extra_args: those land in a 0644 unit file, `ps`, the plan and logs.
+SECRET_WORDS = {"TOKEN", "KEY", "APIKEY", "PASSWORD", "PASSWD", "SECRET"}  # a `_`-separated word of an env name
+SECRET_FLAG = re.compile(r"--(?:[a-z0-9-]*-)?(?:api-key|token|password|passwd|secret)")  # --api-key, --hf-token
+SECRET_FIX = ("Fix: remove it; an HF token goes in a 0600 file on the controller named by m3_hf_token_file (the "
+              "deploy carries it in a 0600 env file, never argv). An engine API key has no inventory key yet")
+
+
+def secret_env_names(env) -> list[str]:
+    return [k for k in env if isinstance(k, str) and SECRET_WORDS & set(k.upper().split("_"))]
+
+
+def secret_flags(args) -> list[str]:
+    """Flags of an m3_extra_args list or dict that carry a secret (`--api-key V`, `--api-key=V`), values unread."""
+    flags = args if isinstance(args, dict) else [a for a in args if isinstance(a, str) and a.startswith("--")]
+    return [f.split("=", 1)[0] for f in flags if SECRET_FLAG.fullmatch(str(f).split("=", 1)[0].lower().replace("_", "-"))]
 
 
 def _names(values) -> str:

@@ -72,9 +72,11 @@ _KEYS = (
         True, check="names"),
     Key("m3_max_model_len", int, None, "context cap, tokens, <= 1048576 (engines.yaml names each engine's flag)",
         True),
-    Key("m3_extra_args", (list, dict), [], "extra engine flags: the last layer", True),
+    Key("m3_extra_args", (list, dict), [], "extra engine flags: the last layer (no secrets: --api-key is refused)",
+        True, check="args"),
     Key("m3_unset_args", list, [], "engine flags or env names to drop: the last layer", True, check="names"),
-    Key("m3_extra_env", dict, {}, "extra engine env: the last layer", True, check="env"),
+    Key("m3_extra_env", dict, {}, "extra engine env: the last layer (no name with a TOKEN/KEY/PASSWORD/SECRET word)", True,
+        check="env"),
     Key("m3_image", str, None, "override the recipe's engine image", True),
     Key("m3_model_id", str, None, "override the variant's checkpoint", True),
     Key("m3_served_model_name", str, None, "name the API serves the model under (default: the model id)", True),
@@ -171,7 +173,8 @@ CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the 
     "ip": "an IPv4 or IPv6 literal, not 0.0.0.0 or ::, one per host",
     "path:teardown": "absolute path in a directory m3 owns (a component named m3, m3-*, *-m3): teardown deletes it",
     "path": "absolute host path",
-    "env": "{NAME: value}, NAME = [A-Za-z_][A-Za-z0-9_]*",
+    "env": "{NAME: value}, NAME = [A-Za-z_][A-Za-z0-9_]*, no secret names",
+    "args": "no secret flags (--api-key, --*-token, --password)",
     "names": "list of strings",
     "ints": "list of positive whole numbers",
     "name": "letters, digits, . _ -",
@@ -198,19 +201,38 @@ def allowed(key: Key) -> str:
     return "; ".join(parts)
 
 
+def _cell(v) -> str:
+    return str(v).replace("|", "\\|")
+
+
+def _type_name(t) -> str:
+    return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
+
+
 def markdown_table() -> str:
     """Every key as a Markdown table: docs/INVENTORY.md holds it verbatim (tests/unit/test_bad_inputs.py)."""
-    def cell(v) -> str:
-        return str(v).replace("|", "\\|")
-
-    def type_name(t) -> str:
-        return " or ".join(x.__name__ for x in (t if isinstance(t, tuple) else (t,)))
-
     rows = ["| key | type | default | allowed | scope | meaning |", "|---|---|---|---|---|---|"]
     for k in _KEYS:
         default = "" if k.default is None else f"`{k.default!r}`"
-        rows.append(f"| `{k.name}` | {type_name(k.type)} | {cell(default)} | {cell(allowed(k))} | "
-                    f"{'cluster' if k.cluster else 'host'} | {cell(k.doc)} |")
+        rows.append(f"| `{k.name}` | {_type_name(k.type)} | {_cell(default)} | {_cell(allowed(k))} | "
+                    f"{'cluster' if k.cluster else 'host'} | {_cell(k.doc)} |")
+    return "\n".join(rows) + "\n"
+
+
+# The keys users set most: README.md's table (between <!-- keys:start --> and <!-- keys:end -->).
+README_KEYS = ("m3_platform", "m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features",
+               "m3_max_model_len", "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
+               "m3_served_model_name", "m3_address", "m3_interface", "m3_gpus_per_host", "m3_gpu_memory_gb",
+               "m3_frontend_port", "m3_dynamo_version", "m3_hf_cache", "m3_hf_token_file", "m3_allow_reboot",
+               "m3_readiness_timeout_s", "m3_state")
+
+
+def readme_table() -> str:
+    """README_KEYS as key | values | meaning, from the same schema as markdown_table()."""
+    rows = ["| key | values | meaning |", "|---|---|---|"]
+    for name in README_KEYS:
+        k = KEYS[name]
+        rows.append(f"| `{k.name}` | {_cell(allowed(k) or _type_name(k.type))} | {_cell(k.doc)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -15,6 +15,7 @@ from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
 
 MAX_CONTEXT = 1048576
+AMD_NATIVE_CONTEXT = 524288  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
 
 
 def _v(h: InvHost, key: str):
@@ -122,6 +123,10 @@ def features_known(c: Cluster, add: Add) -> None:
     if {"text-only", "encoder-parallel"} <= c.features:
         add("key m3_features: 'text-only' and 'encoder-parallel' are mutually exclusive (text-only skips the vision "
             "encoder that encoder-parallel parallelizes). Fix: keep one")
+    if {"fp8-per-channel", "encoder-parallel"} <= c.features:
+        add("key m3_features: 'fp8-per-channel' and 'encoder-parallel' do not combine: the seed's PTPC command "
+            "(TP8 + --quantization fp8_per_channel) serves without the vision-encoder flags, so fp8-per-channel "
+            "drops them. Fix: keep one")
     if {"eagle3", "eagle3-gqa"} <= c.features:
         add("key m3_features: pick one EAGLE3 draft head, 'eagle3' (MHA) or 'eagle3-gqa'")
 
@@ -164,6 +169,16 @@ def extra_args_parse(c: Cluster, add: Add) -> None:
         recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
     except Exception as e:  # M3Error with the offending token
         add(f"key {e}")
+
+
+@rule(RULES)
+def block_size_kept(c: Cluster, add: Add) -> None:
+    """The seed: "--block-size 128 is mandatory"; another size in m3_extra_args is check_plan's (on the argv)."""
+    for k in _v(c.ref, "m3_unset_args") or ():
+        if str(k).replace("_", "-") == "--block-size":
+            add(f"key m3_unset_args: {k!r} drops --block-size 128, which MiniMax-M3 needs on every platform (MSA "
+                f"sparse block; the engine's default 16 misaligns sparse attention). Fix: remove {k!r} from "
+                "m3_unset_args")
 
 
 @rule(RULES)
@@ -232,6 +247,20 @@ def scoped_features(c: Cluster, add: Add) -> None:
 
 
 @rule(PLATFORM_RULES)
+def amd_context_and_bf16(c: Cluster, add: Add) -> None:
+    """The seed's AMD notes: native context 512K (YaRN past it: long-context-1m); BF16 needs TP=8."""
+    if c.info["vendor"] != "amd" or c.engine == "mocker":
+        return
+    if isinstance(c.mml, int) and c.mml > AMD_NATIVE_CONTEXT and "long-context-1m" not in c.features:
+        add(f"key m3_max_model_len: {c.mml} is past AMD's native context ({AMD_NATIVE_CONTEXT}, 512K) on "
+            f"{c.platform}; going past it needs the YaRN rope_scaling override. Fix: add 'long-context-1m' to "
+            f"m3_features, or m3_max_model_len <= {AMD_NATIVE_CONTEXT}")
+    if c.variant == "bf16" and c.size and c.size < 8:
+        add(f"key m3_parallel: BF16 needs TP=8 on AMD (the seed), not {c.mode} on {c.platform}. Fix: "
+            "m3_parallel = 'tp8' (or 'tp8-ep'/'dp8-ep'), or the mxfp8 variant from TP=4")
+
+
+@rule(PLATFORM_RULES)
 def tuned_recipe_needs_max_model_len(c: Cluster, add: Add) -> None:
     if c.platform == "mi300x" and c.variant == "mxfp8" and c.engine == "vllm" and c.mml is None:
         add("key m3_max_model_len: the MI300X MXFP8 tuned recipe passes --max-model-len \"$MAX_MODEL_LEN\". "
@@ -282,7 +311,8 @@ def worker_layout(c: Cluster, add: Add) -> None:
         if mem < need_gb:
             add(f"key m3_parallel: {c.variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
                 f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
-                f"size, more hosts per worker, or a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB)")
+                f"size, more hosts per worker, a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB), or "
+                f"m3_gpu_memory_gb (per GPU, {per_gpu} GB now) if these GPUs have more memory")
 
 
 @rule(PLATFORM_RULES)
@@ -309,14 +339,13 @@ def check_plan(plan, hosts) -> list[str]:
             pairs = {}
             for i, tok in enumerate(argv):
                 if tok.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                    pairs[tok] = argv[i + 1]
+                    pairs[tok.replace("_", "-")] = argv[i + 1]  # engines take --block_size as --block-size
             for flag in ("--block-size", "--kv-cache-block-size"):
                 if flag in pairs and pairs[flag] != str(cat["model"]["block_size"]):
                     add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size 128 (MSA sparse "
                         f"block; other sizes misalign sparse attention). Fix: remove it from m3_extra_args")
             for flag, kind in (("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool_call"),
-                               ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call"),
-                               ("--reasoning_parser", "reasoning")):
+                               ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call")):
                 if flag in pairs and parsers and pairs[flag] != parsers[kind]:
                     add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 uses the {parsers[kind]!r} "
                         f"parser on {plan.engine} (minimax_m2 is the previous release's). Fix: remove it from "

@@ -393,6 +393,14 @@ def err_subnet_taken(subnet: str, hits: list[str], name: str) -> M3Error:
     )
 
 
+def err_lock_path(path: str, why: str) -> M3Error:
+    return M3Error(
+        f"the testbed lock {path} {why}; m3deploy opens it only as a regular file owned by root, never through a "
+        f"symlink (another user could point it at a file root would then write). Fix: remove it (`sudo rm {path}`) "
+        "and run again; m3deploy recreates it (0600, root)"
+    )
+
+
 def err_locked(holder: str, waited_s: float = 0) -> M3Error:
     return M3Error(
         f"another testbed command holds the lock {LOCK_PATH} ({holder or 'unknown holder'})"

@@ -20,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -156,9 +157,20 @@ def locked(what: str, timeout_s: float | None = None):
     A second command waits for it (like apt's lock), up to $M3_TESTBED_LOCK_TIMEOUT seconds (default 120)."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("M3_TESTBED_LOCK_TIMEOUT", "120"))
-    os.makedirs(os.path.dirname(C.LOCK_PATH), exist_ok=True)
-    fd = os.open(C.LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = C.LOCK_PATH
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:  # no O_TRUNC: a waiting command must not wipe the holder's line
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise C.err_lock_path(path, "is a symlink") from None
+        raise
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise C.err_lock_path(path, "is not a regular file")
+        if st.st_uid != 0:
+            raise C.err_lock_path(path, f"is owned by uid {st.st_uid}, not root")
         deadline = time.monotonic() + timeout_s
         told = False
         while True:

@@ -13,7 +13,7 @@ The contracts these cases hold m3deploy to:
   ("true"/"false" any case -> bool, then int, then JSON, else the string). `m3deploy --data` uses the same
   function (m3deploy.core.inventory.parse_cli_arg), checked here against pyinfra's own.
 
-Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim; regenerate with
+Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim, README.md settings.readme_table(); regenerate with
 `M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs`.
 """
 from __future__ import annotations
@@ -406,15 +406,22 @@ DOCS = ROOT / "docs" / "INVENTORY.md"
 BEGIN, END = "<!-- keys: generated from m3deploy/core/settings.py -->\n", "<!-- keys: end -->\n"
 
 
-def test_docs_table_is_the_schema():
-    text = DOCS.read_text()
-    table = settings.markdown_table()
+README_BEGIN = ("<!-- keys:start (generated from m3deploy/core/settings.py README_KEYS: "
+                "M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs) -->\n")
+GENERATED = [(DOCS, BEGIN, END, settings.markdown_table, settings.KEYS),
+             (ROOT / "README.md", README_BEGIN, "<!-- keys:end -->\n", settings.readme_table, settings.README_KEYS)]
+
+
+@pytest.mark.parametrize("doc,begin,end,table,keys", GENERATED, ids=["INVENTORY.md", "README.md"])
+def test_docs_table_is_the_schema(doc, begin, end, table, keys):
+    text = doc.read_text()
+    table = table()
     if os.environ.get("M3_UPDATE_DOCS"):
-        head, rest = text.split(BEGIN, 1)
-        DOCS.write_text(head + BEGIN + table + END + rest.split(END, 1)[1])
-        text = DOCS.read_text()
-    assert BEGIN + table + END in text, "docs/INVENTORY.md is stale: M3_UPDATE_DOCS=1 pytest -k docs"
-    for k in settings.KEYS:
+        head, rest = text.split(begin, 1)
+        doc.write_text(head + begin + table + end + rest.split(end, 1)[1])
+        text = doc.read_text()
+    assert begin + table + end in text, f"{doc.name} is stale: M3_UPDATE_DOCS=1 pytest -k docs"
+    for k in keys:
         assert f"| `{k}` |" in text
 
 
@@ -423,3 +430,92 @@ def test_every_key_the_docs_name_exists(doc):
     text = (ROOT / doc).read_text()
     named = set(re.findall(r"`(m3_[a-z0-9_]+)", text))
     assert named and not named - set(settings.KEYS), named - set(settings.KEYS)
+
+
+# ------------------------------------------------------------------ seed rules (tests/fixtures/seeds/000-serving-recipe.txt)
+def amd(platform="mi355x", **data):
+    """A standalone vLLM cluster of one 8-GPU AMD worker, with `data` over it."""
+    return {"all_data": {"m3_platform": platform, "m3_engine": "vllm", "m3_serving": "standalone",
+                         "m3_parallel": "tp8", "m3_variant": "bf16", **data},
+            "control": [], "workers": WORKERS[:1]}
+
+
+def plan_of(**kw):
+    return planmod.build(hosts(**kw), name="seed")
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"m3_unset_args": ["--block-size"]}, "m3_unset_args"),
+    ({"m3_unset_args": ["--block_size"]}, "m3_unset_args"),
+    ({"m3_extra_args": ["--block-size", "16"]}, "m3_extra_args"),
+    ({"m3_extra_args": ["--block_size", "16"]}, "m3_extra_args"),
+    ({"m3_extra_args": ["--block-size=64"]}, "m3_extra_args"),
+    ({"m3_extra_args": {"--block-size": 256}}, "m3_extra_args"),
+])
+def test_block_size_other_than_128_is_refused(data, key):
+    """The seed: "--block-size 128 is mandatory on every platform (MSA sparse/index cache)"."""
+    assert "128" in refused(key, "block", **amd(**data))
+
+
+def test_block_size_128_in_extra_args_is_accepted():
+    plan_of(**amd(m3_extra_args=["--block-size", "128"]))
+
+
+def test_fp8_per_channel_with_encoder_parallel_is_refused_not_silently_dropped():
+    assert "encoder-parallel" in refused("fp8-per-channel", **amd(m3_features=["fp8-per-channel", "encoder-parallel"]))
+
+
+@pytest.mark.parametrize("platform", ["mi300x", "mi325x", "mi350x", "mi355x"])
+def test_fp8_per_channel_applies_on_every_amd_platform(platform):
+    """The seed lists PTPC under "AMD ROCm (MI350X/MI355X (gfx950), MI300X/MI325X (gfx942))"."""
+    plan = plan_of(**amd(platform, m3_features=["fp8-per-channel"]))
+    argv = " ".join(" ".join(s.argv) for h in plan.hosts for s in h.services)
+    assert "--quantization fp8_per_channel" in argv
+
+
+@pytest.mark.parametrize("mml", [524289, 1048576])
+def test_amd_past_512k_needs_long_context_1m(mml):
+    assert "long-context-1m" in refused("m3_max_model_len", "512K", **amd(m3_max_model_len=mml))
+
+
+def test_amd_1m_with_long_context_1m_is_accepted():
+    plan_of(**amd(m3_max_model_len=1048576, m3_features=["long-context-1m"]))
+    plan_of(**amd(m3_max_model_len=524288))
+
+
+@pytest.mark.parametrize("platform", ["mi350x", "mi355x", "mi300x"])
+def test_bf16_below_tp8_on_amd_is_refused(platform):
+    assert "tp8" in refused("m3_parallel", "BF16 needs TP=8", **amd(platform, m3_parallel="tp4"))
+
+
+def test_mxfp8_at_tp4_on_mi355x_is_accepted():
+    plan_of(**amd("mi355x", m3_parallel="tp4", m3_variant="mxfp8"))
+
+
+def test_h20_capacity_refusal_names_m3_gpu_memory_gb():
+    data = amd("h20", m3_parallel="tp4")
+    assert "96 GB" in refused("m3_parallel", "m3_gpu_memory_gb", **data)
+
+
+# ------------------------------------------------------------------ secrets never in m3_extra_env / m3_extra_args
+SECRET = "s3cr3t-value-0123456789"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "hf_token", "OPENAI_API_KEY", "NATS_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+                                  "VLLM_APIKEY", "Db_Passwd"])
+def test_secret_looking_env_names_are_refused_without_the_value(name):
+    msg = refused("m3_extra_env", repr(name), all_data={"m3_extra_env": {name: SECRET}})
+    assert SECRET not in msg and "m3_hf_token_file" in msg
+
+
+@pytest.mark.parametrize("args", [["--api-key", SECRET], [f"--api-key={SECRET}"], ["--api_key", SECRET],
+                                  {"--api-key": SECRET}, ["--hf-token", SECRET], ["--password", SECRET]])
+def test_secret_flags_in_extra_args_are_refused_without_the_value(args):
+    msg = refused("m3_extra_args", "secret", all_data={"m3_extra_args": args})
+    assert SECRET not in msg
+
+
+@pytest.mark.parametrize("env,args", [({"VLLM_MAX_TOKENS_PER_EXPERT": "1", "MONKEY_PATCH": "0"}, []),
+                                      ({}, ["--max-num-batched-tokens", "8192", "--num-speculative-tokens", "3"])])
+def test_names_merely_containing_token_or_key_are_fine(env, args):
+    planmod.build(hosts(all_data={"m3_extra_env": env, "m3_extra_args": args}), name="sim")
