@@ -217,7 +217,9 @@ def test_health_checks_pass(stack):
     from m3deploy.check import verify
 
     results = verify.run_checks(verify.controller_checks(stack.plan), verify.Context(stack.plan))
-    failed = [r for r in results if not r.ok]
+    # `deployed/HOST` compares with the record a pyinfra deploy writes; these processes were started by the test,
+    # not deployed, so there is no record (tests/e2e/test_deploy.py runs that check on a real deploy)
+    failed = [r for r in results if not r.ok and not r.id.startswith("deployed/")]
     assert results and not failed, verify.render_text(results)
 
 
