@@ -62,14 +62,11 @@ def _get(image: str, archive_dir):
 
 def _build(svc, version: str, archive_dir):
     """Build the plan's Dynamo worker image FROM its base image, offline, with the shipped wheels."""
-    from m3deploy.controller import artifacts
-    from m3deploy.core import catalog
+    from m3deploy.controller import artifacts, prepare
 
     if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
         _get(svc.base_image, archive_dir)
-    platform = catalog.catalog()["platforms"].get(context_platform(), {})
-    target = artifacts.Target.container(str(settings.get(host.data, "m3_container_python")),
-                                        platform.get("arch", "x86_64"))
+    target = prepare.container_target(context_platform(), host.data)  # the one prepare built before any host op
     local = artifacts.ensure_wheelhouse(version, target=target)
     remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
     files.directory(name=f"Ensure {remote}", path=remote, mode="0700")

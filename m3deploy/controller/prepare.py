@@ -34,6 +34,15 @@ class Need:
     archive_dir: str = ""
 
 
+def container_target(platform: str, data: Mapping[str, Any], platforms=None) -> artifacts.Target:
+    """The Python and CPU of a host's engine container, for which its Dynamo worker image's wheelhouse is built
+    (`m3_container_python`; the platform's `arch` in the catalog). roles/images.py reads the same answer."""
+    if platforms is None:
+        platforms = catalog.catalog()["platforms"]
+    return artifacts.Target.container(str(settings.get(data, "m3_container_python")),
+                                      platforms.get(platform, {}).get("arch", "x86_64"))
+
+
 def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -> list[Need]:
     """Every controller artifact a deploy of `plan` reads, in build order (nothing for a teardown)."""
     if plan.state == "absent":
@@ -50,8 +59,7 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
                 if s.kind == "worker" and plan.engine == "mocker":
                     mocker.append(h.name)
             if s.image and s.base_image:
-                target = artifacts.Target.container(str(settings.get(data, "m3_container_python")),
-                                                    platforms.get(h.platform, {}).get("arch", "x86_64"))
+                target = container_target(h.platform, data, platforms)
                 wheel.setdefault(target, []).append(h.name)
             archive_dir = settings.get(data, "m3_image_archive_dir")
             if s.image and archive_dir:
