@@ -11,11 +11,12 @@ at once (`_if=op.did_change`, m3_rollout="all-at-once").
 Native workers run as system user m3; container workers as root (docker).
 """
 from pyinfra.api import deploy
-from pyinfra.operations import files, python
+from pyinfra.operations import python
 
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.deploy import hostfiles
 from roles import _rollout, _units as u
 
 
@@ -34,13 +35,11 @@ def deploy_workers():
     if any(not s.image for s in workers):
         u.ensure_m3_user()
     sim = []
-    if any(SIM_ENGINE in s.argv for s in workers):  # the mocker and scripted engines (m3deploy.core.simengine)
-        sim.append(files.put(name=f"Ship {SIM_ENGINE}", src=str(u.REPO / "files/m3-sim-engine.py"),
-                             dest=SIM_ENGINE, user="root", group="root", mode="0755"))
+    if any(hostfiles.uses_sim_engine(s) for s in workers):  # the mocker and scripted engines (core.simengine)
+        sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))
     for s in workers:
-        user = "root" if s.image else u.M3_USER
-        u.ensure_workdir(s, user)
-        unit_op, env_op = u.install_service(cp, s, "m3-worker@.service.j2", user)
+        u.ensure_workdir(s, hostfiles.service_user(s))
+        unit_op, env_op = u.install_service(cp, s)
         changed = [unit_op, env_op, *sim]
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
         # has its files; the scripted test engine is no planned worker and restarts here

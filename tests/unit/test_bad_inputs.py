@@ -138,7 +138,7 @@ def test_control_characters_are_refused(all_data, per_host, key, host):
 
 
 def test_env_name_with_a_trailing_newline_is_refused_by_the_renderer_too():
-    from roles._render import env_line
+    from m3deploy.deploy.render import env_line
 
     with pytest.raises(M3Error):
         env_line("KEY\n", "v")
@@ -156,7 +156,7 @@ def test_every_template_field_is_one_line():
     """The choke point under validation: the renderer refuses a control character in any {{ }} field."""
     from dataclasses import replace
 
-    from roles._render import render
+    from m3deploy.deploy.render import render
 
     plan = planmod.build(hosts(), name="sim")
     svc = plan.host("ctl").service("m3-frontend")
@@ -294,7 +294,7 @@ def test_a_dns_ssh_hostname_needs_m3_address():
 
 
 def test_ipv6_is_bracketed_in_every_url_and_in_nats_conf():
-    from roles._render import render
+    from m3deploy.deploy.render import render
 
     v6 = {"ctl": {"m3_address": "fd00::1", "ssh_hostname": "fd00::1"},
           "w1": {"m3_address": "fd00::2", "ssh_hostname": "fd00::2"},
