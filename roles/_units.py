@@ -18,7 +18,8 @@ from pyinfra.operations.util import any_changed
 from m3deploy.check import readiness as _readiness
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from roles._render import render, service_env
-from m3deploy.controller.secrets import ensure_secrets
+from m3deploy.controller.secrets import api_key, ensure_secrets
+from m3deploy.core.build import API_KEY_SECRET
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT_DIR = "/etc/systemd/system"
@@ -37,7 +38,12 @@ def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
 
 
 def secrets_for(cp: ClusterPlan) -> dict[str, str]:
-    return dict(_secrets(cp.name))
+    """The generated secrets of the cluster, and its API key (m3_api_key_file) when it has one."""
+    out = dict(_secrets(cp.name))
+    key = api_key(cp)
+    if key:
+        out[API_KEY_SECRET] = key
+    return out
 
 
 def services(hp: HostPlan, kind: str) -> list[Service]:
