@@ -93,12 +93,12 @@ def _worker_ids(cp) -> dict[str, int]:
 
 def each_worker_answers(cp, timeout_s: float = 60) -> str:
     """Listed is not routable: one real request pinned to each worker must be answered by that worker."""
-    ids = _worker_ids(cp)
+    ids, api_key = _worker_ids(cp), secrets.api_key(cp)
     for key, wid in ids.items():
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid)
+                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid, api_key=api_key)
             except (OSError, ValueError) as e:
                 got = f"an error: {e}"
             if got == wid:

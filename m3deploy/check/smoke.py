@@ -12,6 +12,8 @@ worker's system-port /metrics (label `worker_id` = instance id in hex), and the 
 `dynamo_component_requests_total{dynamo_endpoint="generate"}` deltas before/after confirm it
 independently of the frontend's answer.
 
+- api-key (with m3_api_key_file): the endpoint refuses a request without the key or with a wrong one (401) and
+  answers one with it (200); every other request here carries the key (the openai client's api_key).
 - session-affinity: N turns of one session, each with an unrelated prompt (no shared prefix, so the KV
   router has no cache reason to stay), all land on one worker; the metric deltas agree.
 - session-spread (>= 2 workers): new sessions sent concurrently spread over >= 2 workers; then each
