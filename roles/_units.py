@@ -20,7 +20,8 @@ from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.hostfiles import (M3_HOME, M3_USER, UNIT_DIR, HostFile, restart_s,  # noqa: F401 (roles use them)
                                        stop_timeout_s, timeout_start_s, unit_path)
-from m3deploy.controller.secrets import ensure_secrets
+from m3deploy.controller.secrets import api_key, ensure_secrets
+from m3deploy.core.build import API_KEY_SECRET
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,12 @@ def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
 
 
 def secrets_for(cp: ClusterPlan) -> dict[str, str]:
-    return dict(_secrets(cp.name))
+    """The generated secrets of the cluster, and its API key (m3_api_key_file) when it has one."""
+    out = dict(_secrets(cp.name))
+    key = api_key(cp)
+    if key:
+        out[API_KEY_SECRET] = key
+    return out
 
 
 def services(hp: HostPlan, kind: str) -> list[Service]:

@@ -26,6 +26,8 @@ ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
 # services' 0600 env files. Dynamo 1.6.1 reads ETCD_AUTH_* / NATS_AUTH_* (docs/DYNAMO.md).
 AUTH_USER = "m3"
 DYN_SECRET_ENV = (("ETCD_AUTH_PASSWORD", "etcd-password"), ("NATS_AUTH_PASSWORD", "nats-password"))
+# m3_api_key_file's key: not generated but read from that controller file (m3deploy.controller.secrets.api_key)
+API_KEY_SECRET = "api-key"
 
 
 # ---------------------------------------------------------------------------------------------- inventory
@@ -417,9 +419,12 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         tag = hashlib.sha256(image.encode()).hexdigest()[:12]
         image = f"m3deploy/dynamo-{engine}:{s['m3_dynamo_version']}-{tag}"
     name = f"m3-worker@{slot}"
+    # the engine's own HTTP server checks the key (rank 0 serves; headless ranks have no API server)
+    api_key_env = ((rules["api_key_env"], API_KEY_SECRET),) if (
+        serving != "dynamo" and rank == 0 and s["m3_api_key_file"] and rules.get("api_key_env")) else ()
     return Service(
         name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
-        secret_env=DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else (),
+        secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
         after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
         env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" else "",

@@ -147,7 +147,8 @@ def _semantic(key, value) -> str:
 SECRET_WORDS = {"TOKEN", "KEY", "APIKEY", "PASSWORD", "PASSWD", "SECRET"}  # a `_`-separated word of an env name
 SECRET_FLAG = re.compile(r"--(?:[a-z0-9-]*-)?(?:api-key|token|password|passwd|secret)")  # --api-key, --hf-token
 SECRET_FIX = ("Fix: remove it; an HF token goes in a 0600 file on the controller named by m3_hf_token_file (the "
-              "deploy carries it in a 0600 env file, never argv). An engine API key has no inventory key yet")
+              "deploy carries it in a 0600 env file, never argv), an API key for the endpoint in one named by "
+              "m3_api_key_file")
 
 
 def secret_env_names(env) -> list[str]:

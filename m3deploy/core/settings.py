@@ -146,6 +146,8 @@ _KEYS = (
         "(digest references never change)", True, values=("missing", "always")),
     Key("m3_image_archive_dir", str, None, "controller directory of `docker save` archives (m3deploy save-images)"),
     Key("m3_hf_token_file", str, None, "controller path of a 0600 HF token (else HF_TOKEN from the environment)"),
+    Key("m3_api_key_file", str, None, "controller path of a 0600 file holding the API key every client must send "
+        "(`Authorization: Bearer`); standalone vLLM only (docs/CONTRACTS.md)", True),
     Key("m3_hf_cache_shared", bool, False, "the weights cache is one shared filesystem: only the first host downloads"),
     Key("m3_weights_download", str, None, "'image' (`hf` in the worker image) or 'host'; default image when one runs",
         values=("image", "host")),
@@ -223,7 +225,8 @@ def markdown_table() -> str:
 README_KEYS = ("m3_platform", "m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features",
                "m3_max_model_len", "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
                "m3_served_model_name", "m3_address", "m3_interface", "m3_gpus_per_host", "m3_gpu_memory_gb",
-               "m3_frontend_port", "m3_dynamo_version", "m3_hf_cache", "m3_hf_token_file", "m3_allow_reboot",
+               "m3_frontend_port", "m3_dynamo_version", "m3_hf_cache", "m3_hf_token_file", "m3_api_key_file",
+               "m3_allow_reboot",
                "m3_readiness_timeout_s", "m3_state")
 
 

@@ -233,6 +233,25 @@ def engine_fits(c: Cluster, add: Add) -> None:
         add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
 
 
+@rule(RULES)
+def api_key_carried(c: Cluster, add: Add) -> None:
+    """m3_api_key_file only where the server itself checks the key (docs/CONTRACTS.md "API keys"): a key that
+    nothing enforces would look like protection and be none."""
+    if not _v(c.ref, "m3_api_key_file"):
+        return
+    fix = ("Fix: remove m3_api_key_file and put an authenticating reverse proxy (TLS + Bearer key) in front of "
+           "the endpoint, or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")
+    if c.serving == "dynamo":
+        add("key m3_api_key_file: the Dynamo 1.6.1 frontend has no API-key option (no flag or env in "
+            "dynamo.frontend or its HTTP service; its client auth is mutual TLS only), so nothing would check the "
+            f"key. {fix}")
+        return
+    rules = catalog.engines().get(c.engine) or {}
+    if not rules.get("api_key_env"):
+        why = rules.get("api_key_refused") or f"the {c.engine} engine reads no API key from its environment"
+        add(f"key m3_api_key_file: {why}. {fix}")
+
+
 @rule(PLATFORM_RULES)
 def scoped_features(c: Cluster, add: Add) -> None:
     """Features a recipe layer scopes (`scope:`): valid only where that layer's own `when` matches."""

@@ -80,6 +80,7 @@ def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
         if not msg.startswith("$ "):  # pip's command lines stay out of pyinfra's output
             print(f"    [controller] {msg}", flush=True)
 
+    secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
     prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
     secrets.ensure_secrets(plan.name)
 
