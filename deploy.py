@@ -67,6 +67,7 @@ else:
     deploy_artifacts()
     if hp.gpus:
         deploy_images()
+    if hp.weights_dir:  # GPU hosts; testbed hosts when the plan stages mock repos (m3_mock_repo_mb)
         deploy_weights()
     if "etcd" in kinds:
         deploy_etcd()

@@ -115,20 +115,28 @@ def write_ssh_config(hosts: Iterable) -> tuple[str, str]:
     return path, d
 
 
+def ssh_argv(d) -> list[str]:
+    """`ssh` and the options of an inventory host's ssh data (key, port, known_hosts: strict checking)."""
+    argv = ["ssh"]
+    if d.get("ssh_key"):
+        argv += ["-i", str(d.get("ssh_key"))]
+    if d.get("ssh_port"):
+        argv += ["-p", str(d.get("ssh_port"))]
+    if d.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={d.get('ssh_known_hosts_file')}", "-o", "StrictHostKeyChecking=yes"]
+    return argv
+
+
+def ssh_target(d, name: str) -> str:
+    target = str(d.get("ssh_hostname") or name)
+    return f"{d.get('ssh_user')}@{target}" if d.get("ssh_user") else target
+
+
 def ssh_command(inv_host, command: str) -> str:
     """A copy-pasteable ssh command for the report (no temp files: options spelled out)."""
     d = inv_host.data if inv_host is not None else {}
-    argv = ["ssh"]
-    if d.get("ssh_key"):
-        argv += ["-i", str(d["ssh_key"])]
-    if d.get("ssh_port"):
-        argv += ["-p", str(d["ssh_port"])]
-    if d.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={d['ssh_known_hosts_file']}", "-o", "StrictHostKeyChecking=yes"]
-    target = str(d.get("ssh_hostname") or (inv_host.name if inv_host is not None else "HOST"))
-    if d.get("ssh_user"):
-        target = f"{d['ssh_user']}@{target}"
-    return shlex.join(argv + [target, command])
+    target = ssh_target(d, inv_host.name if inv_host is not None else "HOST")
+    return shlex.join(ssh_argv(d) + [target, command])
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -119,3 +119,30 @@ def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
                 f.write("\n")
             os.replace(tmp, path)
     return data
+
+
+def ensure_transfer_key(cluster: str) -> tuple[Path, str]:
+    """The cluster's weights transfer key pair (ed25519, no passphrase), made once with ssh-keygen:
+    `<config>/<cluster>/weights_transfer_ed25519` (0600) and its `.pub`. Returns (private key path, public key
+    line). Hosts get the private key as a root-only 0600 file; the public key goes into the senders'
+    authorized_keys restricted to `rrsync -ro` and the cluster's addresses (roles/weights.py)."""
+    import subprocess
+
+    path = secrets_path(cluster).with_name("weights_transfer_ed25519")
+    pub = path.with_name(path.name + ".pub")
+    if not (path.is_file() and pub.is_file()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        with locked(path, f"the weights transfer key of {cluster}"):
+            if not (path.is_file() and pub.is_file()):
+                for p in (path, pub):
+                    if p.exists():
+                        p.unlink()
+                r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"m3deploy-weights-{cluster}",
+                                    "-f", str(path)], capture_output=True, text=True)
+                if r.returncode:
+                    raise M3Error(f"ssh-keygen could not make {path}: {r.stderr.strip()}. Fix: install openssh-client")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise M3Error(f"{path} is readable by others (mode {mode:o}); fix: chmod 600 {path}")
+    return path, pub.read_text().strip()

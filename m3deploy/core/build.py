@@ -19,7 +19,8 @@ from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
-from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
+from m3deploy.core.model import (ClusterPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
+                                 WorkerPlan)
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
@@ -190,6 +191,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     repo_args = catalog.engines()[engine].get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker" and engine != "mocker"
                               for r in repos.worker_repos(x.argv, model_id, repo_args))
+    mock_mb = s["m3_mock_repo_mb"]  # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
+    if mock_mb and not model_repos and repos.is_repo_id(model_id):
+        model_repos = (ModelRepo(model_id, "target", "m3_mock_repo_mb"),)
     host_plans = []
     for h in hosts:
         is_worker = "workers" in h.groups
@@ -204,8 +208,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
             gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
             interface=str(h.data.get("m3_interface") or ""),
-            weights_dir=s["m3_hf_cache"] if gpus else "",
-            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else 0,
+            weights_dir=s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else "",
+            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else -(-mock_mb // 1024) if mock_mb and
+            is_worker else 0,
             shm_min_gb=16 if gpus else 0,
             needs_rdma=bool(is_worker and span > 1 and gpus),
             services=tuple(services[h.name]), data=data))

@@ -6,11 +6,12 @@ parallel mode are known) on the raw m3_* data, so the plan can be built; `check_
 """
 from __future__ import annotations
 
+import difflib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from m3deploy.core import catalog, inputs, layout, recipes
+from m3deploy.core import catalog, fanout, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
 
@@ -86,7 +87,7 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 @rule(RULES)
 def cluster_keys_agree(c: Cluster, add: Add) -> None:
     for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
-                "m3_model_id", "m3_dynamo_version", "m3_state"):
+                "m3_model_id", "m3_dynamo_version", "m3_state", "m3_weights_source"):
         seen = defaultdict(list)
         for h in c.workers:
             seen[repr(_v(h, key))].append(h.name)
@@ -161,6 +162,25 @@ def rollout(c: Cluster, add: Add) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         add(f"key m3_rollout_max_unavailable: {n!r} must be a whole number >= 1 (engine instances drained and "
             "restarted together). Fix: m3_rollout_max_unavailable = 1")
+
+
+@rule(RULES)
+def weights_source(c: Cluster, add: Add) -> None:
+    """m3_weights_source = mirror:<host> names an inventory host; mock repos come from the controller."""
+    kind, mirror = fanout.parse_source(_v(c.ref, "m3_weights_source"))  # format checked by inputs
+    names = [h.name for h in c.hosts]
+    if kind == "mirror" and mirror not in names:
+        near = difflib.get_close_matches(mirror, names, n=1)
+        add(f"key m3_weights_source: mirror:{mirror} names no host of the inventory"
+            + (f" (did you mean mirror:{near[0]}?)" if near else "")
+            + f". Fix: m3_weights_source = 'mirror:<host>' with one of {_list(names[:8])}"
+            + (" ..." if len(names) > 8 else "") + ", or 'controller'")
+    elif kind == "mirror" and mirror not in [h.name for h in c.workers]:
+        add(f"key m3_weights_source: the mirror {mirror} is not in the `workers` group: only GPU hosts have an HF "
+            f"cache to download into and serve from. Fix: name a host of the workers group, or 'controller'")
+    if _v(c.ref, "m3_mock_repo_mb") and kind != "controller":
+        add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
+            f"{_v(c.ref, 'm3_weights_source')!r}. Fix: also set m3_weights_source = 'controller'")
 
 
 @rule(RULES)

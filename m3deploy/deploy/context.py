@@ -34,6 +34,11 @@ def plan_name(pyinfra_host) -> str:
     return pyinfra_host.name
 
 
+def pyinfra_host(name: str):
+    """The pyinfra host the plan calls `name` (roles acting on another host: facts, connections)."""
+    return next(h for h in state.inventory if plan_name(h) == name)
+
+
 def hosts_from_pyinfra(inv) -> list[InvHost]:
     """pyinfra's Inventory as the plan reads it: name, groups, merged data per host."""
     out = []
