@@ -175,16 +175,35 @@ def authorized_entry(public_key: str, hub: str, addresses) -> str:
     return (f'restrict,from="{",".join(addresses)}",command="/usr/bin/rrsync -ro {hub}" {public_key}')
 
 
-def pull_command(weights_dir: str, repo: str, sender_address: str) -> str:
+def snapshot_filter(revision: str, commit: str, blobs) -> list[str]:
+    """rsync filter rules sending only one snapshot of a repo folder: its ref, its snapshot directory and the
+    blobs it links to (a cache that also holds older revisions sends none of theirs)."""
+    return (["--include=/refs/", f"--include=/refs/{revision}", "--include=/snapshots/",
+             f"--include=/snapshots/{commit}/***", "--include=/blobs/"]
+            + [f"--include=/blobs/{b}" for b in sorted(blobs)] + ["--exclude=*"])
+
+
+def snapshot_blobs(snapshot: str | Path) -> list[str]:
+    """The blob names a snapshot directory's symlinks point to (huggingface_hub: ../../blobs/<etag>)."""
+    out = set()
+    for d, _, names in os.walk(snapshot):
+        for n in names:
+            p = os.path.join(d, n)
+            if os.path.islink(p):
+                out.add(os.path.basename(os.readlink(p)))
+    return sorted(out)
+
+
+def pull_command(weights_dir: str, repo: str, sender_address: str, only: list[str] = ()) -> str:
     """On the receiver: pull one repo folder from the sender's rrsync-restricted hub, under the cache lock."""
     ssh = shlex.join(["ssh", "-i", TRANSFER_KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
                       "-o", f"UserKnownHostsFile={TRANSFER_KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes"])
     name = hfcache.repo_folder("", repo).name
     return shlex.join(["flock", "-w", str(LOCK_WAIT_S), f"{_hub(weights_dir)}/{LOCK_NAME}", "rsync", *RSYNC_FLAGS,
-                       "-e", ssh, f"root@{_addr(sender_address)}:{name}/", f"{_folder(weights_dir, repo)}/"])
+                       *only, "-e", ssh, f"root@{_addr(sender_address)}:{name}/", f"{_folder(weights_dir, repo)}/"])
 
 
-def push_argv(src_folder: str, weights_dir: str, repo: str, data, name: str) -> list[str]:
+def push_argv(src_folder: str, weights_dir: str, repo: str, data, name: str, only: list[str] = ()) -> list[str]:
     """On the controller: push one repo folder to a host over the inventory's SSH; the host side runs under the
     cache lock (--rsync-path)."""
     from m3deploy.check.checks import ssh_argv, ssh_target
@@ -194,7 +213,7 @@ def push_argv(src_folder: str, weights_dir: str, repo: str, data, name: str) -> 
     remote = (f"mkdir -p {shlex.quote(hub)} && flock -w {LOCK_WAIT_S} {shlex.quote(f'{hub}/{LOCK_NAME}')} rsync")
     target = ssh_target(data, name)
     user, at, hostname = target.rpartition("@")
-    return ["rsync", *RSYNC_FLAGS, "-e", shlex.join(ssh), f"--rsync-path={remote}", f"{src_folder.rstrip('/')}/",
+    return ["rsync", *RSYNC_FLAGS, *only, "-e", shlex.join(ssh), f"--rsync-path={remote}", f"{src_folder.rstrip('/')}/",
             f"{user}{at}{_addr(hostname)}:{_folder(weights_dir, repo)}/"]
 
 
@@ -234,9 +253,10 @@ _staged_lock = threading.Lock()
 _fanout_lock = threading.Lock()
 
 
-def _controller_repos(cp, data) -> dict[str, tuple[str, str]]:
-    """repo -> (its folder in the controller's hub cache, commit): each repo downloaded or built once, then
-    checked complete against its safetensors index. Memoised per run (every host's greenlet asks)."""
+def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
+    """repo -> (its folder in the controller's hub cache, commit, the rsync filter sending only that commit):
+    each repo downloaded or built once, then checked complete against its safetensors index. Memoised per run
+    (every host's greenlet asks)."""
     with _staged_lock:
         memo = getattr(state, "_m3_controller_repos", None)
         if memo is not None:
@@ -256,7 +276,9 @@ def _controller_repos(cp, data) -> dict[str, tuple[str, str]]:
                 raise M3Error(f"m3_weights_source=controller: {r.repo} is not complete in {hub}: {got['detail']}. "
                               f"Fix: `HF_HOME={hub.parent} hf download {r.repo}` on the controller, or point "
                               "m3_weights_controller_cache at a cache that holds it")
-            out[r.repo] = (str(hfcache.repo_folder(hub, r.repo)), got["commit"])
+            folder = hfcache.repo_folder(hub, r.repo)
+            blobs = snapshot_blobs(folder / "snapshots" / got["commit"])
+            out[r.repo] = (str(folder), got["commit"], snapshot_filter(r.revision, got["commit"], blobs))
         state._m3_controller_repos = out
         return out
 
@@ -289,7 +311,7 @@ def _compute_plan(cp, root: str) -> dict:
     degree = settings.get(host.data, "m3_weights_fanout")
     per_repo, markers = {}, {}
     for r in cp.model_repos:
-        commit = repos.get(r.repo, ("", ""))[1]
+        commit = repos.get(r.repo, ("", "", []))[1]
         todo = []
         for h in hosts:
             markers[(h.name, r.repo)] = marker_for(h.weights_dir, r.repo, commit)
@@ -349,12 +371,12 @@ def _fan_out(hp, cp, root: str):
             if not got or got[0] != i:
                 continue
             sender, marker = got[1], p["markers"][(name, r.repo)]
+            src, _, only = p["repos"].get(r.repo, ("", "", []))  # mirror: the whole folder (commit not known yet)
             if sender == fanout.CONTROLLER:
-                src = p["repos"][r.repo][0]
-                todo.append(FunctionCommand(_push, (push_argv(src, hp.weights_dir, r.repo, host.data, name),
+                todo.append(FunctionCommand(_push, (push_argv(src, hp.weights_dir, r.repo, host.data, name, only),
                                                     f"push {r.repo} to {name}"), {}))
             else:
-                todo.append(StringCommand(pull_command(hp.weights_dir, r.repo, cp.host(sender).address)))
+                todo.append(StringCommand(pull_command(hp.weights_dir, r.repo, cp.host(sender).address, only)))
             todo.append(StringCommand(check_command(hp.weights_dir, r, marker)))
             frm = "the controller" if sender == fanout.CONTROLLER else sender
             todo.append(FunctionCommand(host.log, (f"round {i + 1}/{p['rounds']}: {r.repo} from {frm}: complete "

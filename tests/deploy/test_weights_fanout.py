@@ -53,9 +53,15 @@ def test_controller_tree_rounds_commands_and_keys(fake, env):
     hub = "/var/lib/m3/hf/hub"
     folder = f"{hub}/models--MiniMaxAI--MiniMax-M3/"
     pull = rounds["g3"][1].commands[0]
+    commit = _commit(run, cp)
+    snap = env / "cache" / "mock-hf" / "hub" / "models--MiniMaxAI--MiniMax-M3" / "snapshots" / commit
+    blobs = sorted(p.resolve().name for p in snap.iterdir())
+    only = ["--include=/refs/", "--include=/refs/main", "--include=/snapshots/", f"--include=/snapshots/{commit}/***",
+            "--include=/blobs/", *(f"--include=/blobs/{b}" for b in blobs), "--exclude=*"]
+    assert len(blobs) == 6  # config, generation_config, tokenizer.json, tokenizer_config.json, index, 1 shard
     assert shlex.split(pull) == [
         "flock", "-w", "21600", f"{hub}/.m3-weights.lock", "rsync", "-a", "--partial-dir=.m3-partial",
-        "--exclude=*.incomplete", "--exclude=.m3-partial", "-e",
+        "--exclude=*.incomplete", "--exclude=.m3-partial", *only, "-e",
         "ssh -i /etc/m3/weights_transfer_key -o IdentitiesOnly=yes -o BatchMode=yes "
         "-o UserKnownHostsFile=/etc/m3/weights_known_hosts -o StrictHostKeyChecking=yes",
         "root@10.0.0.11:models--MiniMaxAI--MiniMax-M3/", folder]
