@@ -164,3 +164,40 @@ def test_two_repos_share_the_rounds(fake, env):
     r2 = next(o for o in run.for_host("g3") if "Weights round 2/" in o.name)
     assert [c.split()[-1] for c in r2.commands if c.startswith("flock")] == [
         "/var/lib/m3/hf/hub/models--MiniMaxAI--MiniMax-M3/", "/var/lib/m3/hf/hub/models--Inferact--MiniMax-M3-EAGLE3/"]
+
+
+def test_controller_downloads_a_missing_repo_once_then_checks_it(fake, env, monkeypatch):
+    """m3_weights_source=controller without mock repos: the controller's cache lacks the repo, so it is downloaded
+    there (huggingface_hub.snapshot_download, stood in for here by a writer of the same cache layout: this
+    machine has no hub) once for all hosts, checked against its index, then fanned out."""
+    import huggingface_hub
+
+    from m3deploy.controller import mockrepos
+
+    calls = []
+
+    def download(repo_id, revision, cache_dir, token):
+        calls.append((repo_id, revision, cache_dir, token))
+        mockrepos.make_repo(cache_dir, repo_id, size_mb=0.1, shards=1)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    cache = env / "hf"
+    cp, hosts = cluster(mock=0)
+    for h in hosts.values():
+        h["host_data"]["m3_weights_controller_cache"] = str(cache)
+    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    assert calls == [(MODEL, "main", str(cache / "hub"), None)]
+    assert "PYTHON _push" in next(o for o in run.for_host("g1") if "Weights round 1/" in o.name).commands
+
+
+def test_controller_cache_incomplete_after_download_stops_with_the_fix(fake, env, monkeypatch):
+    import huggingface_hub
+
+    from m3deploy.core.errors import M3Error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: None)  # wrote nothing
+    cp, hosts = cluster(mock=0)
+    for h in hosts.values():
+        h["host_data"]["m3_weights_controller_cache"] = str(env / "hf")
+    with pytest.raises(M3Error, match=r"MiniMaxAI/MiniMax-M3 is not complete in .*hf/hub.*Fix: `HF_HOME="):
+        fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
