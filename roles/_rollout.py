@@ -148,9 +148,11 @@ def _roll(cp) -> None:
             raise M3Error(
                 f"rolling restart stopped at {names}: {e}\n"
                 f"  rolled already: {done or 'none'}; not rolled, still serving the previous version: "
-                f"{rest or 'none'} (their new unit files are written and take effect on their next restart).\n"
+                f"{rest or 'none'} (their new unit files are written; a re-run rolls them: a unit running older "
+                "files than it has counts as changed).\n"
                 "  fix or roll back: correct the inventory/group_data (or check out the previous version of it) and "
-                "run the deploy again: it re-renders the units and rolls the changed workers the same way") from None
+                "run the deploy again: it re-renders the units and rolls the changed workers the same way; the "
+                f"files they replaced are in {u.ROLLBACK_DIR} (docs/OPERATIONS.md)") from None
         done += [w.index for w in batch]
         host.log(f"rolled {names}: drained in {drained:.1f} s, serving again")
 

@@ -189,12 +189,68 @@ def ship(f: HostFile, name: str = ""):
                     group=f.group)
 
 
-def install_service(cp: ClusterPlan, s: Service):
+ROLLBACK_DIR = hostfiles.ROLLBACK_DIR
+
+
+@operation()
+def keep_previous(files: dict):
+    """Before `files` ({path: new text}) are rewritten: copy each existing one whose content will change to
+    ROLLBACK_DIR/<name> (0600 root: an env file holds secrets), so the previous unit and env of a changed
+    worker stay on the host (docs/OPERATIONS.md "Roll back"). Nothing to do when nothing changes."""
+    for path, text in files.items():
+        have = host.get_fact(PathState, path=path)
+        if have == "-" or have.rsplit(":", 1)[-1] == hashlib.sha256(text.encode()).hexdigest():
+            continue
+        q, d = shlex.quote(path), shlex.quote(ROLLBACK_DIR)
+        yield f"install -d -m 0700 -o root -g root {d} && install -m 0600 -o root -g root {q} {d}/"
+
+
+def install_service(cp: ClusterPlan, s: Service, keep: bool = False):
     """Ship the env file (0600 root) and the unit (m3deploy.deploy.hostfiles); return the ops whose change means
-    restart."""
-    env_op = ship(hostfiles.env_file(s, secrets_for(cp)))
-    unit_op = ship(hostfiles.unit_file(cp, s))
+    restart. keep: the versions they replace are kept first (keep_previous)."""
+    env_f, unit_f = hostfiles.env_file(s, secrets_for(cp)), hostfiles.unit_file(cp, s)
+    if keep:
+        keep_previous(name=f"Keep the previous {s.unit} and {s.env_file} in {ROLLBACK_DIR}",
+                      files={env_f.path: env_f.text, unit_f.path: unit_f.text})
+    env_op = ship(env_f)
+    unit_op = ship(unit_f)
     return unit_op, env_op
+
+
+class RunsOlderFiles(FactBase):
+    """`stale` when the unit is active but its process started before one of its files was last written (a run
+    that wrote them was cut off before it restarted the unit: a host lost mid-deploy, a stopped rollout), else
+    `ok`. Seconds resolution: a restart in the same second as the write counts as current."""
+
+    @staticmethod
+    def default():
+        return "ok"
+
+    def command(self, unit, paths):
+        u_, q = shlex.quote(unit), " ".join(shlex.quote(p) for p in paths)
+        return (f"t=$(systemctl is-active -q {u_} && systemctl show --timestamp=unix -p ExecMainStartTimestamp "
+                f"--value {u_} | tr -d @); m=$(stat -c %Y {q} 2>/dev/null | sort -n | tail -1); "
+                'if [ -n "$t" ] && [ -n "$m" ] && [ "$m" -gt "$t" ]; then echo stale; else echo ok; fi')
+
+    def process(self, output):
+        return (output[0].strip() if output else "") or "ok"
+
+
+@operation()
+def runs_current_files(unit: str, paths: tuple[str, ...]):
+    """Changes (a no-op command) when the unit runs older files than it has: the restart that follows catches up
+    what an interrupted run left, so a re-run converges even though its files are already right."""
+    if host.get_fact(RunsOlderFiles, unit=unit, paths=tuple(paths)) == "stale":
+        yield f"echo {shlex.quote(unit)} runs older files than its unit and env file: restarting it"
+
+
+def changes(s: Service, *ops) -> list:
+    """The ops whose change means `s` must restart: `ops` (its files) and the check that it runs them."""
+    paths = [unit_path(s)] + ([s.env_file] if s.env_file else [])
+    if "-c" in s.argv:  # a config file named on the command line (nats.conf)
+        paths.append(s.argv[s.argv.index("-c") + 1])
+    return [*ops, runs_current_files(name=f"Check {s.unit} runs its current files", unit=s.unit,
+                                     paths=tuple(paths))]
 
 
 def _did_change(op) -> bool:

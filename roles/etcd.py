@@ -6,7 +6,9 @@ plan resolves them; secrets from the controller's store (~/.config/m3deploy/<clu
 
 Auth: when the service has secret M3_ETCD_ROOT_PASSWORD, files/m3-etcd-auth.py (ExecStartPost)
 turns etcd authentication on and creates the Dynamo user (role m3, readwrite on all keys).
-Auth tokens are JWTs signed with a key pair made on the host (m3deploy.core.build.etcd_jwt_option says why).
+Auth tokens are JWTs signed with a key pair made on the host (m3deploy.core.build.etcd_jwt_option says why);
+with 3 members (3 control hosts) one key pair from the controller's secrets store, shared by all of them.
+Only the first member's service carries the auth secrets and runs the auth script (auth is cluster-wide).
 Our /etc/systemd/system/etcd.service overrides the package's unit of the same name.
 """
 import shlex
@@ -15,6 +17,7 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import apt
 
+from m3deploy.controller.secrets import ensure_secrets, public_pem
 from m3deploy.core.build import etcd_jwt_keys
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.hostfiles import AUTH_SCRIPT  # noqa: F401 (the path, for readers of this role)
@@ -34,6 +37,18 @@ def ensure_jwt_keys(key: str, pub: str):
            f"2>/dev/null && chown {USER}:{USER} {k} {p} && chmod 0600 {k} && chmod 0644 {p}")
 
 
+def _jwt_keys(cp, key: str, pub: str) -> list:
+    """One etcd member makes its key pair on its host. Several members verify each other's tokens (a client's
+    token is checked by whichever member it talks to), so they share the controller's key (secrets store,
+    m3deploy.controller.secrets.ON_DEMAND), written 0600 etcd."""
+    if sum(1 for h in cp.hosts for x in h.services if x.kind == "etcd") < 2:
+        return [ensure_jwt_keys(name=f"Make etcd's JWT signing key {key}", key=key, pub=pub)]
+    pem = ensure_secrets(cp.name, names=("etcd-jwt-key",))["etcd-jwt-key"]
+    return [u.put_text(name=f"Render etcd's shared JWT signing key {key}", text=pem, dest=key, mode="0600",
+                       user=USER, group=USER),
+            u.put_text(name=f"Render {pub}", text=public_pem(pem), dest=pub, mode="0644", user=USER, group=USER)]
+
+
 @deploy("Deploy etcd")
 def deploy_etcd():
     cp, hp = u.plans()
@@ -42,10 +57,11 @@ def deploy_etcd():
                      update=True, cache_time=3600)
         u.ensure_workdir(s, USER)
         changed = []
-        if hostfiles.etcd_auth(s):
+        if "--auth-token" in s.argv:  # every member of an etcd with auth
             key, pub = etcd_jwt_keys(s.workdir)
-            changed.append(ensure_jwt_keys(name=f"Make etcd's JWT signing key {key}", key=key, pub=pub))
+            changed += _jwt_keys(cp, key, pub)
+        if hostfiles.etcd_auth(s):  # the first member only
             changed.append(u.ship(hostfiles.auth_script(), name=f"Ship {AUTH_SCRIPT}"))
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, [unit_op, env_op, *changed])
+        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op, *changed))
         u.wait_ready(s, started)

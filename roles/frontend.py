@@ -23,7 +23,7 @@ def deploy_frontend():
             u.ensure_m3_user()
         u.ensure_workdir(s, hostfiles.service_user(s))
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, [unit_op, env_op])
+        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op))
         u.wait_ready(s, started)
         if hostfiles.has_watchdog(s):
             _watchdog(cp, s)

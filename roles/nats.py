@@ -8,7 +8,9 @@ it), readiness.
 
 nats.conf holds no secret: it names $NATS_AUTH_USERNAME/$NATS_AUTH_PASSWORD, which nats-server
 resolves from its environment (the 0600 EnvironmentFile). The package's nats-server.service is
-stopped and masked (it would bind 0.0.0.0:4222).
+stopped and masked (it would bind 0.0.0.0:4222). With 3 control hosts the plan gives each NATS a "cluster"
+port: nats.conf then makes it one node of a cluster (routes to every node, the same user for routes,
+JetStream clustered; docs/OPERATIONS.md "HA control plane").
 """
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
@@ -34,5 +36,5 @@ def deploy_nats():
         u.ensure_workdir(s, USER)
         conf_op = u.ship(conf)
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, [unit_op, env_op, conf_op])
+        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op, conf_op))
         u.wait_ready(s, started)

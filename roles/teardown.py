@@ -81,6 +81,8 @@ def teardown():
     if pkgs:
         apt.packages(name=f"Remove {', '.join(pkgs)}", packages=pkgs, present=False, extra_uninstall_args="--purge")
     files.directory(name="Remove /etc/m3", path="/etc/m3", present=False)
+    if "worker" in kinds:  # the previous units and env files (secrets) kept for a roll back
+        files.directory(name=f"Remove {u.ROLLBACK_DIR}", path=_safe(u.ROLLBACK_DIR), present=False)
     if not keep:
         paths = []
         if any(s.kind in ("frontend", "worker") and not s.image for s in svcs):

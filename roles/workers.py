@@ -39,8 +39,8 @@ def deploy_workers():
         sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))
     for s in workers:
         u.ensure_workdir(s, hostfiles.service_user(s))
-        unit_op, env_op = u.install_service(cp, s)
-        changed = [unit_op, env_op, *sim]
+        unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
+        changed = u.changes(s, unit_op, env_op, *sim)
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
         # has its files; the scripted test engine is no planned worker and restarts here
         roll = rolling and s.kind == "worker"

@@ -62,6 +62,35 @@ def api_key(plan) -> str | None:
     return read_api_key(path) if path else None
 
 
+# Made on demand (not for every cluster): name -> (what it is, generator).
+ON_DEMAND = {
+    "etcd-jwt-key": "RSA private key (PEM) signing etcd's JWT auth tokens when etcd has several members: every member "
+                    "must verify every other member's tokens, so they share one key (a single member makes its own "
+                    "on its host instead)",
+}
+
+
+def _rsa_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption()).decode()
+
+
+def public_pem(private_pem: str) -> str:
+    """The public half of an ON_DEMAND RSA key (PEM)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+
+
+_GENERATE = {"etcd-jwt-key": _rsa_pem}
+
+
 def config_root() -> Path:
     base = os.environ.get("M3DEPLOY_CONFIG") or os.path.join(
         os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "m3deploy")
@@ -111,7 +140,7 @@ def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
         missing = [n for n in names if n not in data]
         if missing:
             for n in missing:
-                data[n] = _new_value()
+                data[n] = _GENERATE.get(n, _new_value)()
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

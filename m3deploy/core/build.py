@@ -22,7 +22,7 @@ from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
 from m3deploy.core.model import (ClusterPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
                                  WorkerPlan)
 
-ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
+ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
 # services' 0600 env files. Dynamo 1.6.1 reads ETCD_AUTH_* / NATS_AUTH_* (docs/DYNAMO.md).
 AUTH_USER = "m3"
@@ -133,10 +133,13 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     services: dict[str, list[Service]] = {h.name: [] for h in hosts}
     etcd_url = nats_url = ""
     if serving == "dynamo" and control:
-        c0 = control[0]
-        a = addr[c0.name]
-        etcd_url, nats_url = f"http://{url_host(a)}:{ETCD_CLIENT}", f"nats://{url_host(a)}:{NATS_CLIENT}"
-        services[c0.name] += _control_services(c0.name, a, state_dir, bool(s["m3_auth"]))
+        # one control host: etcd + NATS on it; 3 (validate.control_count): a 3-member etcd and a 3-node NATS
+        # cluster, one member per control host (docs/OPERATIONS.md "HA control plane")
+        members = tuple((c.name, addr[c.name]) for c in control)
+        etcd_url = ",".join(f"http://{url_host(a)}:{ETCD_CLIENT}" for _, a in members)
+        nats_url = nats_seed(addr[control[0].name])
+        for c in control:
+            services[c.name] += _control_services(c.name, addr[c.name], state_dir, bool(s["m3_auth"]), members, name)
 
     common = _Common(s=s, mode=mode, size=size, ep=ep, features=features, model_id=model_id, served=served,
                      etcd=etcd_url, nats=nats_url, venv=venv, model_dir=model_dir, home=home)
@@ -173,7 +176,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             worker0, int(s["m3_system_port"]) + slot_count[h0], model_dir, served, home))
     if serving == "dynamo":
         for c in control:
-            services[c.name].append(_frontend_service(common, c, addr[c.name], control[0].name))
+            services[c.name].append(_frontend_service(common, c, addr[c.name]))
             # the frontend starts after the control plane; workers after the frontend
         fe = f"{control[0].name}/m3-frontend" if control else ""
         for h in workers:
@@ -253,28 +256,52 @@ def etcd_jwt_option(workdir: str) -> str:
     return f"jwt,pub-key={pub},priv-key={key},sign-method=RS256,ttl=87600h"
 
 
-def _control_services(host: str, a: str, state_dir: str, auth: bool) -> list[Service]:
+def nats_seed(a: str) -> str:
+    """NATS_SERVER: ONE URL. Dynamo 1.6.1 passes it as a String to async-nats's connect(), whose
+    `impl ToServerAddrs for str` parses a single ServerAddr (nats-io/nats.rs async-nats/src/lib.rs), so a list
+    is refused. In a NATS cluster the client learns the other servers from the seed's INFO `connect_urls` and
+    fails over to them; only a process (re)started while its seed is down waits for it (docs/OPERATIONS.md)."""
+    return f"nats://{url_host(a)}:{NATS_CLIENT}"
+
+
+def _control_services(host: str, a: str, state_dir: str, auth: bool, members: tuple[tuple[str, str], ...],
+                      cluster: str) -> list[Service]:
+    """etcd + NATS on one control host; `members`: (name, address) of every control host, this one included.
+    Peer traffic (etcd 2380, NATS routes 6222) is plain TCP on the cluster addresses, like the client traffic:
+    the cluster network is trusted (docs/OPERATIONS.md). Only the first member turns etcd auth on (it is
+    cluster-wide data; members running the script at once would race on `auth enable`)."""
     u = url_host(a)  # an IPv6 address in brackets (RFC 3986)
+    first = members[0][0] == host
+    cluster_flags: tuple[str, ...] = ()
+    if len(members) > 1:  # a new cluster's identity; both are ignored once the data dir exists
+        cluster_flags = ("--initial-cluster-state", "new", "--initial-cluster-token", f"m3-{cluster}")
     etcd = Service(
         name="etcd", kind="etcd", host=host,
         argv=("/usr/bin/etcd", "--name", host, "--data-dir", f"{state_dir}/etcd/data",
               "--listen-client-urls", f"http://{u}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{u}:{ETCD_CLIENT}",
               "--listen-peer-urls", f"http://{u}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{u}:{ETCD_PEER}",
-              "--initial-cluster", f"{host}=http://{u}:{ETCD_PEER}")
-        + (("--auth-token", etcd_jwt_option(f"{state_dir}/etcd")) if auth else ()),
-        env=(("M3_ETCD_URL", f"http://{u}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth else (),
+              "--initial-cluster", ",".join(f"{n}=http://{url_host(m)}:{ETCD_PEER}" for n, m in members))
+        + cluster_flags + (("--auth-token", etcd_jwt_option(f"{state_dir}/etcd")) if auth else ()),
+        env=(("M3_ETCD_URL", f"http://{u}:{ETCD_CLIENT}"), ("M3_ETCD_USER", AUTH_USER)) if auth and first else (),
         secret_env=(("M3_ETCD_ROOT_PASSWORD", "etcd-root-password"), ("M3_ETCD_PASSWORD", "etcd-password"))
-        if auth else (),
+        if auth and first else (),
         ports=(Port("client", ETCD_CLIENT, a), Port("peer", ETCD_PEER, a)),
         readiness=Readiness(kind="http", url=f"http://{u}:{ETCD_CLIENT}/health", expect_json=(("health", "true"),),
                             timeout_s=60),
         env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd")
+    # NATS routes to the other nodes, as M3_NATS_ROUTE_<i> (nats.conf names the variables): nats-server 2.9 sends
+    # no credentials on a route whose URL has none, so with auth the URL carries the route user's password and
+    # lives in the 0600 env file (a secret_env value "{secret-name}" is filled from the secrets store)
+    routes = [f"nats-route://{AUTH_USER + ':{nats-password}@' if auth else ''}{url_host(m)}:{NATS_CLUSTER}"
+              for n, m in members if n != host]
+    route_env = tuple((f"M3_NATS_ROUTE_{i}", r) for i, r in enumerate(routes))
     nats = Service(
         name="nats", kind="nats", host=host,
         argv=("/usr/sbin/nats-server", "-c", "/etc/m3/nats.conf"),
-        env=(("NATS_AUTH_USERNAME", AUTH_USER),) if auth else (),
-        secret_env=(("NATS_AUTH_PASSWORD", "nats-password"),) if auth else (),
-        ports=(Port("client", NATS_CLIENT, a), Port("monitor", NATS_MONITOR, a)),
+        env=((("NATS_AUTH_USERNAME", AUTH_USER),) if auth else route_env),
+        secret_env=(("NATS_AUTH_PASSWORD", "nats-password"),) + route_env if auth else (),
+        ports=(Port("client", NATS_CLIENT, a), Port("monitor", NATS_MONITOR, a))
+        + ((Port("cluster", NATS_CLUSTER, a),) if len(members) > 1 else ()),
         readiness=Readiness(kind="http", url=f"http://{u}:{NATS_MONITOR}/healthz?js-enabled-only=true", timeout_s=60),
         env_file="/etc/m3/nats.env", workdir=f"{state_dir}/nats")
     return [etcd, nats]
@@ -294,11 +321,12 @@ def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tup
                   ("DYN_TCP_RESPONSE_STREAM_HOST", a), ("DYN_EVENT_PLANE_HOST", a), ("DYN_SYSTEM_HOST", a)]
 
 
-def _frontend_service(c: _Common, h: InvHost, a: str, first_control: str) -> Service:
-    s, etcd, nats, venv, home = c.s, c.etcd, c.nats, c.venv, c.home
+def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
+    s, etcd, venv, home = c.s, c.etcd, c.venv, c.home
     ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
-    env = dict(_dynamo_env(a, etcd, nats, f"{home}/m3-frontend", bool(s["m3_auth"])))
+    # its own host's NATS as the seed (every control host runs one); workers seed from the first control host
+    env = dict(_dynamo_env(a, etcd, nats_seed(a), f"{home}/m3-frontend", bool(s["m3_auth"])))
     for k, v in r.env.items():
         env[k] = v
     env["HF_HUB_OFFLINE"] = "1"  # hosts are air-gapped: nothing is fetched from a hub at run time
@@ -311,7 +339,7 @@ def _frontend_service(c: _Common, h: InvHost, a: str, first_control: str) -> Ser
         secret_env=DYN_SECRET_ENV if s["m3_auth"] else (),
         ports=(Port("http", port, a),),
         readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{port}/live", timeout_s=r.readiness_timeout_s),
-        after=(f"{first_control}/etcd", f"{first_control}/nats"),
+        after=(f"{h.name}/etcd", f"{h.name}/nats"),
         env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
 

@@ -361,6 +361,26 @@ def dynamo_needs_control(c: Cluster, add: Add) -> None:
             "`control = [...]` to the inventory")
 
 
+@rule(PLATFORM_RULES)
+def control_count(c: Cluster, add: Add) -> None:
+    """1 control host (etcd, NATS, frontend on it) or 3 (a 3-member etcd and a 3-node NATS cluster, one member
+    each): etcd needs a majority of its members, so an even count tolerates no more failures than one fewer."""
+    n = len(c.control)
+    if c.serving != "dynamo" or n in (0, 1, 3):
+        return
+    names = ", ".join(h.name for h in c.control)
+    if n % 2 == 0:
+        add(f"group control: {n} hosts ({names}). etcd needs a majority of its members up, so a {n}-member etcd "
+            f"survives no more host failures than a {n - 1}-member one"
+            + (" (none: an etcd of 2 has no more fault tolerance than 1 and twice the chance of losing a member)"
+               if n == 2 else "") +
+            ". Fix: put 1 host in `control` (no HA) or 3 (survives one lost host)")
+    else:
+        add(f"group control: {n} hosts ({names}); m3deploy builds and tests a control plane of 1 or 3 hosts "
+            "(3 survive one lost host; a 5-member etcd is valid but every write waits for 3 members and it is not "
+            "tested here). Fix: put 3 hosts in `control` and the others in `workers`")
+
+
 # unique host names, addresses and ssh_hostname: m3deploy.core.inventory (the loader) and core.inputs
 
 

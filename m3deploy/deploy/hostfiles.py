@@ -38,6 +38,7 @@ MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
+ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
 AUTH_SCRIPT = f"{LIB_DIR}/m3-etcd-auth.py"
 WATCHDOG = f"{LIB_DIR}/m3-watchdog.py"
 WATCHDOG_UNIT = "m3-frontend-watchdog.service"
@@ -143,10 +144,14 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
 
 
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
+    """With 3 control hosts the plan gives each NATS node its routes (M3_NATS_ROUTE_<i>, in its env file: with
+    auth their URLs carry the route user's password) and a "cluster" port: the conf names the variables."""
+    routes = [k for k, _ in s.env + s.secret_env if k.startswith("M3_NATS_ROUTE_")]
     text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                   monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
                   auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
-                  max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")))
+                  max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")),
+                  routes=routes, cluster_name=f"m3-{cp.name}", cluster_port=_port(s, "cluster") if routes else None)
     return HostFile(nats_conf_path(s), text)
 
 
@@ -229,6 +234,7 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     files = [f.path for f in service_files(cp, hp, None)]
     units = [WATCHDOG_UNIT] * bool(frontend) + [s.unit for s in svcs]
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
+    dirs += [ROLLBACK_DIR] * any(s.kind == "worker" for s in svcs)  # secrets (env files) kept for a roll back
     caches, venvs, empty = [], [], []
     if _native(hp) and cp.venv:
         venvs.append(cp.venv)

@@ -82,6 +82,7 @@ def environment() -> jinja2.Environment:
     env.globals["env_line"] = env_line
     env.globals["container_name"] = container_name
     env.filters["nats_hostport"] = nats_hostport
+    env.filters["url_host"] = url_host
     return env
 
 
@@ -92,6 +93,15 @@ def render(template: str, **context) -> str:
         raise M3Error(f"templates/{template}: {e}") from e
 
 
+def secret_names(ref: str) -> list[str]:
+    """A secret_env value names one secret, or is a text with `{secret-name}` fields (a NATS route URL)."""
+    return re.findall(r"\{([a-z0-9-]+)\}", ref) or [ref]
+
+
+def secret_value(ref: str, secrets: dict[str, str]) -> str:
+    return re.sub(r"\{([a-z0-9-]+)\}", lambda m: secrets[m.group(1)], ref) if "{" in ref else secrets[ref]
+
+
 def service_env(service: Service, secrets: dict[str, str] | None) -> str:
     """The env file text of a service: plan env, then its secrets from the controller's store.
     secrets=None: each secret line is `KEY=<secret: NAME>` (what `m3deploy render` writes; never a value)."""
@@ -99,10 +109,10 @@ def service_env(service: Service, secrets: dict[str, str] | None) -> str:
     if secrets is None:
         text = render("service.env.j2", service=service, secrets=[], dialect=dialect)
         return text + "".join(f"{k}=<secret: {s}>\n" for k, s in service.secret_env)
-    missing = [s for _, s in service.secret_env if s not in secrets]
+    missing = [n for _, ref in service.secret_env for n in secret_names(ref) if n not in secrets]
     if missing:
         raise M3Error(f"service {service.name} on {service.host} needs secret(s) {missing} that the "
                       "controller's store does not have; run the deploy again so they are generated "
                       "(m3deploy.controller.secrets.ensure_secrets)")
     return render("service.env.j2", service=service,
-                  secrets=[(k, secrets[s]) for k, s in service.secret_env], dialect=dialect)
+                  secrets=[(k, secret_value(ref, secrets)) for k, ref in service.secret_env], dialect=dialect)

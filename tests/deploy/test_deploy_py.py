@@ -338,8 +338,8 @@ def assert_no_secret_leak(run, config: Path):
                 assert s not in o.name, (name, o.name)
                 assert not any(s in c for c in o.commands), (name, o.name)
                 for dest, text in o.uploads.items():
-                    if dest.endswith(".env") or dest == "/etc/m3/hf_token":
-                        continue  # the 0600 root env files and token file are where secrets belong
+                    if dest.endswith((".env", "/etcd/jwt.key")) or dest == "/etc/m3/hf_token":
+                        continue  # the 0600 env files, token file and etcd's signing key are where secrets belong
                     assert s not in text, (name, dest)
 
 

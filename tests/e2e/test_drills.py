@@ -15,10 +15,13 @@ Traffic goes only to the testbed's addresses; every load loop is bounded in requ
 """
 from __future__ import annotations
 
+import collections
 import datetime
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -35,9 +38,13 @@ pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 
 NAME = os.environ.get("M3_DRILLS_TESTBED", "m3drl")
 SUBNET = os.environ.get("M3_DRILLS_SUBNET", "10.84.0.0/24")
+# the HA drills' testbed: 3 control hosts + 3 workers (its own name and subnet, 10.90: tests' range 10.90-10.99)
+HA_NAME = os.environ.get("M3_DRILLS_HA_TESTBED", "m3ha")
+HA_SUBNET = os.environ.get("M3_DRILLS_HA_SUBNET", "10.90.0.0/24")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = "inventories/testbed.py"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+HA_ENV = {**os.environ, "M3_TESTBED": HA_NAME, "M3_TESTBED_CONTROL": "3"}
 RECOVER_S = 10.0  # a killed worker is routable again within this (issue 12)
 RESULTS: list[dict] = []
 
@@ -49,26 +56,30 @@ class Cluster:
     heads: dict[str, str]  # "host/service" of each planned worker's rank 0 -> its /metrics
     control: str
     workers: list[str]
+    env: dict = None  # pyinfra's environment for this testbed
 
 
-def pyinfra(*extra: str, timeout: int = 400) -> subprocess.CompletedProcess:
-    exe = shutil.which("pyinfra")
-    args = [exe] if exe else [sys.executable, "-m", "pyinfra"]
-    return subprocess.run([*args, "-y", INVENTORY, "deploy.py", *extra], cwd=REPO, env=ENV, text=True,
+def pyinfra(*extra: str, timeout: int = 400, env: dict = ENV) -> subprocess.CompletedProcess:
+    return subprocess.run(pyinfra_argv(*extra), cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
+def pyinfra_argv(*extra: str) -> list[str]:
+    exe = shutil.which("pyinfra")
+    return [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", INVENTORY, "deploy.py", *extra]
+
+
+def on(host: str, cmd: str, timeout: float = 60, name: str = NAME) -> str:
+    res = testbed.run_on(name, host, cmd, timeout=timeout)
     assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
     return res.stdout
 
 
-def _plan():
+def _plan(env: dict = ENV):
     from m3deploy.cli import load_plan
 
     old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL")}
-    os.environ.update(M3_TESTBED=NAME, M3_TESTBED_CONTROL="1")
+    os.environ.update(M3_TESTBED=env["M3_TESTBED"], M3_TESTBED_CONTROL=env["M3_TESTBED_CONTROL"])
     try:
         return load_plan(os.path.join(REPO, INVENTORY), facts=False)
     finally:
@@ -76,19 +87,23 @@ def _plan():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    testbed.up(4, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    res = pyinfra()
+def _cluster(name: str, subnet: str, n: int, env: dict):
+    testbed.up(n, name=name, subnet=subnet, log=lambda *a, **k: None)
+    res = pyinfra(env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:]
-    plan = _plan()
+    plan = _plan(env)
     heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
     c = Cluster(plan, frontend_url(plan, "/health"), heads, plan.group("control")[0].name,
-                [k.split("/")[0] for k in heads])
+                [k.split("/")[0] for k in heads], env)
     yield c
     _write_results()
     if not os.environ.get("M3_E2E_KEEP"):
-        testbed.down(name=NAME, log=lambda *a, **k: None)
+        testbed.down(name=name, log=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from _cluster(NAME, SUBNET, 4, ENV)
 
 
 def _write_results() -> None:
@@ -97,8 +112,11 @@ def _write_results() -> None:
     day = datetime.date.today().isoformat()
     path = os.path.join(REPO, "benchmarks", "results", f"drills-{day}.md")
     lines = [f"# Drills under load ({day})", "",
-             "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed: "
-             "1 control host (etcd, NATS, frontend with --migration-limit 3) and 3 mocker workers; load: "
+             "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed "
+             "(one 2-core machine shared with other testbeds; `load` in the notes: its 1-minute load average): "
+             "1 control host (etcd, NATS, frontend with --migration-limit 3) and 3 mocker workers, and for the "
+             "`3 control hosts` drills 3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 "
+             "mocker workers; load: "
              "tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no "
              "retries. Recovery: from the fault (or the end of the outage) until every planned worker is "
              "listed under its running process's id and has served (m3deploy.check.rollout).", "",
@@ -142,10 +160,11 @@ def back(c: Cluster, key: str, old: set[str], timeout_s: float = 120) -> float:
 
 
 def drill(c: Cluster, name: str, fault, recover, note: str = "", settle_s: float = 3.0,
-          all_back: bool = True) -> tuple[Stats, float]:
+          all_back: bool = True, endpoint: str = "") -> tuple[Stats, float]:
     """Steady load for settle_s, the fault, the recovery wait, settle_s more load; record the figures.
-    all_back: every planned worker is registered again afterwards."""
-    with Load(c.plan.endpoint, c.plan.served_model_name, concurrency=4, duration_s=240) as load:
+    all_back: every planned worker is registered again afterwards. endpoint: the frontend the load goes to
+    (default: the plan's)."""
+    with Load(endpoint or c.plan.endpoint, c.plan.served_model_name, concurrency=4, duration_s=240) as load:
         time.sleep(settle_s)
         t0 = time.monotonic()
         fault()
@@ -155,7 +174,9 @@ def drill(c: Cluster, name: str, fault, recover, note: str = "", settle_s: float
     assert stats.ok > 0, f"the load client got no answer at all: {stats.summary()}"
     if all_back:
         all_registered(c, 60)
-    RESULTS.append({"drill": name, "stats": stats, "recovery": recovery, "note": note})
+    # the machine is shared (2 cores): the 1-minute load average goes with each figure
+    RESULTS.append({"drill": name, "stats": stats, "recovery": recovery,
+                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
     print(f"{name}: {stats.summary()}; recovery {recovery:.1f} s")
     return stats, recovery
 
@@ -362,3 +383,200 @@ def test_unreachable_host_changes_nothing(cluster):
     RESULTS.append({"drill": f"worker host {lost['name']} unreachable at deploy start", "stats": Stats(),
                     "recovery": time.monotonic() - t0,
                     "note": "deploy exit %d before any change, naming the host; no load" % run.returncode})
+
+
+# ------------------------------------------------------------------------------ 3 control hosts (HA)
+CONTROLLER_SIDE = ("Roll the workers", "Check the cluster is serving", "Record the deployment")
+
+
+@pytest.fixture(scope="module")
+def ha():
+    """3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 mocker workers."""
+    yield from _cluster(HA_NAME, HA_SUBNET, 6, HA_ENV)
+
+
+def _tb_host(host: str) -> dict:
+    return next(h for h in testbed.load_state(HA_NAME)["hosts"] if h["name"] == host)
+
+
+def _power_off(host: str, cut_first: bool = True) -> None:
+    """The host stops. cut_first: its link goes down before its systemd powers off (SIGTERM to its nspawn),
+    so its peers see silence as after a power cut, not a clean goodbye; else it dies at once: SIGKILL to its
+    systemd (PID 1 of its PID namespace, so the kernel kills every process in it), its link up, so open
+    connections to it are reset. (SIGKILL to nspawn itself would leave the host running.)"""
+    h = _tb_host(host)
+    if cut_first:
+        subprocess.run(["ip", "-n", h["netns"], "link", "set", "eth0", "down"], check=True)
+        os.kill(h["pid"], signal.SIGTERM)
+    else:  # dead at once; its nspawn cleans up in its own time (_power_on waits for that)
+        kids = open(f"/proc/{h['pid']}/task/{h['pid']}/children").read().split()
+        os.kill(int(kids[0]), signal.SIGKILL)
+        return
+    _wait_gone(host, h["pid"])
+
+
+def _wait_gone(host: str, pid: int) -> None:
+    deadline = time.monotonic() + 180
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(pid), f"{host} did not stop"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a host booted by this process's testbed.up is its child: reaped here)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _power_on(host: str) -> None:
+    """Boot it again with its disk as it was (the testbed's `up` relaunches a stopped host)."""
+    h = _tb_host(host)
+    _wait_gone(host, h["pid"])
+    subprocess.run(["ip", "-n", h["netns"], "link", "set", "eth0", "up"], check=True)
+    testbed.up(6, name=HA_NAME, log=lambda *a, **k: None)
+
+
+def _get(url: str):
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _control_healthy(c: Cluster, hosts, timeout_s: float = 120) -> None:
+    """etcd /health true on each of `hosts` (a leader and a quorum) and each NATS node routed to the others."""
+    want = len(c.plan.group("control")) - 1
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            bad = [h.name for h in hosts if _get(f"http://{h.address}:2379/health").get("health") != "true"
+                   or _get(f"http://{h.address}:8222/routez")["num_routes"] < want]
+        except OSError as e:
+            bad = [str(e)]
+        if not bad:
+            return
+        assert time.monotonic() < deadline, f"control plane not healthy on {bad}"
+        time.sleep(0.5)
+
+
+def changes_by_host(out: str) -> dict[str, list[str]]:
+    """host -> the ops that changed something on it (pyinfra's `[host] Success` after `Starting operation`)."""
+    per, op = collections.defaultdict(list), ""
+    for line in out.splitlines():
+        m = re.match(r"--> Starting operation: (.*?)\s*$", line)
+        if m:
+            op = m.group(1)
+        m = re.match(r"\s+\[([^\]]+)\] Success", line)
+        if m:
+            per[m.group(1)].append(op)
+    return per
+
+
+def host_changes(out: str) -> dict[str, list[str]]:
+    """changes_by_host without the ops that act from the controller (rollout, serving check, record)."""
+    return {h: [o for o in ops if not o.startswith(CONTROLLER_SIDE)] for h, ops in changes_by_host(out).items()}
+
+
+def _rejoin(c: Cluster, host: str, ok_changes=()) -> dict[str, list[str]]:
+    """Boot `host`, re-run the deploy: every control member healthy again, nothing changed on the others."""
+    _power_on(host)
+    run = pyinfra(env=c.env, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:]
+    _control_healthy(c, c.plan.group("control"))
+    changed = host_changes(run.stdout)
+    others = {h: ops for h, ops in changed.items() if h != host and ops}
+    assert not others, f"the re-run changed hosts that were right: {others}"
+    all_registered(c, 120)
+    return changed
+
+
+def test_ha_stop_a_control_host_that_is_not_the_endpoint(ha):
+    """With 3 control hosts, one of them (etcd member, NATS node, its own frontend; not the endpoint's frontend)
+    stops under load: 0 failed requests; it rejoins (its etcd member with its data dir) on a re-run."""
+    ctl = ha.plan.group("control")
+    lost = ctl[2]
+    streams = _get(f"http://{ctl[0].address}:8222/jsz")["streams"]
+    stats, rec = drill(ha, f"3 control hosts: {lost.name} stopped (etcd member, NATS node, a frontend)",
+                       lambda: _power_off(lost.name),
+                       lambda t0: since(t0, lambda: (_control_healthy(ha, ctl[:2]), all_registered(ha))),
+                       note=f"link cut, then powered off; recovery: etcd/NATS healthy on the other two and every "
+                            f"worker listed; JetStream streams Dynamo made: {streams}")
+    assert stats.failed == 0, stats.summary()
+    t0 = time.monotonic()
+    changed = _rejoin(ha, lost.name)
+    RESULTS.append({"drill": f"3 control hosts: {lost.name} boots again + deploy re-run", "stats": Stats(),
+                    "recovery": time.monotonic() - t0,
+                    "note": f"etcd member rejoined with its data dir, NATS routes back; ops changed on it: "
+                            f"{len(changed.get(lost.name, []))}, on the others: 0; no load; "
+                            f"load {os.getloadavg()[0]:.1f}"})
+
+
+def test_ha_the_endpoints_control_host_dies(ha):
+    """The first control host (the plan's endpoint, the workers' NATS seed, an etcd member) dies: its clients
+    lose their frontend; a client of another control host's frontend sees 0 failures."""
+    ctl = ha.plan.group("control")
+    other = next(s for s in ctl[1].services if s.kind == "frontend")
+    endpoint = f"http://{ctl[1].address}:{other.ports[0].port}/v1"
+    c1 = Cluster(ha.plan, f"http://{ctl[1].address}:{other.ports[0].port}/health", ha.heads, ctl[1].name,
+                 ha.workers, ha.env)
+    stats, rec = drill(c1, f"3 control hosts: {ctl[0].name} (endpoint's frontend, workers' NATS seed) stopped; "
+                           f"load on {ctl[1].name}'s frontend", lambda: _power_off(ctl[0].name),
+                       lambda t0: since(t0, lambda: (_control_healthy(c1, ctl[1:]), all_registered(c1))),
+                       endpoint=endpoint, note="clients of the stopped host's frontend fail until it is back")
+    assert stats.failed == 0, stats.summary()
+    _rejoin(ha, ctl[0].name)
+
+
+def test_host_lost_mid_deploy_converges_on_a_rerun(ha):
+    """A worker host dies (SIGKILL of the whole host) while a deploy that changes every worker writes their
+    files: the deploy stops; the others keep serving; after the host is back a re-run converges: every worker
+    runs its current files and the hosts that were right see 0 changes."""
+    lost = ha.workers[-1]
+    proc = subprocess.Popen(pyinfra_argv("--data", "m3_mocker_speedup_ratio=8"), cwd=REPO, env=ha.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, cut = [], []
+
+    def deploy_and_lose():
+        for line in proc.stdout:
+            out.append(line)
+            if not cut and "Starting operation: Deploy the workers" in line:
+                cut.append(time.monotonic())
+                _power_off(lost, cut_first=False)
+        proc.wait(timeout=900)
+    stats, _ = drill(ha, f"host {lost} lost mid-deploy (m3_mocker_speedup_ratio 10 → 8)", deploy_and_lose,
+                     lambda t0: time.monotonic() - t0, all_back=False,
+                     note="SIGKILL of the host as its worker files are written; the deploy's wall time")
+    text = "".join(out)
+    print("the deploy that lost a host, its end:\n" + text[-2500:])
+    if os.path.exists(os.path.join(REPO, "pyinfra-debug.log")):  # pyinfra's traceback of the lost connection
+        os.remove(os.path.join(REPO, "pyinfra-debug.log"))
+    assert cut and proc.returncode != 0, text[-4000:]
+    assert lost in text[text.index("Deploy the workers"):], text[-4000:]
+    first = host_changes(text)
+    t0 = time.monotonic()
+    _power_on(lost)
+    run = pyinfra("--data", "m3_mocker_speedup_ratio=8", env=ha.env, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:]
+    changed = host_changes(run.stdout)
+    workers = set(ha.workers)
+    right = [h.name for h in ha.plan.hosts if h.name not in workers]  # control hosts: nothing to change there
+    assert all(not changed.get(h) for h in right), {h: changed.get(h) for h in right}
+    for h in ha.workers:  # every worker's running process has the new ratio
+        argv = on(h, "tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value m3-worker@0)/cmdline", name=HA_NAME)
+        assert "--speedup-ratio 8 " in argv, (h, argv)
+    all_registered(ha, 120)
+    again = pyinfra("--data", "m3_mocker_speedup_ratio=8", env=ha.env, timeout=900)
+    assert again.returncode == 0 and not any(host_changes(again.stdout).values()), again.stdout[-3000:]
+    RESULTS.append({"drill": f"host {lost} back + deploy re-run", "stats": Stats(), "recovery": time.monotonic() - t0,
+                    "note": "ops changed per host: " + ", ".join(f"{h.name} {len(changed.get(h.name, []))}"
+                                                                 for h in ha.plan.hosts)
+                            + f" (first run, before it stopped: {sum(map(len, first.values()))} in all); "
+                              f"a second re-run: 0 everywhere; load {os.getloadavg()[0]:.1f}"})
+    # and back to the inventory's own ratio, rolled
+    assert pyinfra(env=ha.env, timeout=900).returncode == 0

@@ -521,6 +521,25 @@ def test_names_merely_containing_token_or_key_are_fine(env, args):
     planmod.build(hosts(all_data={"m3_extra_env": env, "m3_extra_args": args}), name="sim")
 
 
+def _controls(n: int) -> list:
+    return [(f"ctl{i}", {"ssh_hostname": f"10.0.0.{10 + i}", "m3_address": f"10.0.0.{10 + i}"}) for i in range(n)]
+
+
+@pytest.mark.parametrize("n,must", [
+    (2, ("2 hosts", "an etcd of 2 has no more fault tolerance than 1 and twice the chance", "or 3")),
+    (4, ("4 hosts", "survives no more host failures than a 3-member one", "or 3")),
+    (5, ("5 hosts", "1 or 3", "not tested here")),
+])
+def test_control_groups_other_than_1_or_3_are_refused(n, must):
+    """etcd needs a majority: an even control group buys no fault tolerance (docs/OPERATIONS.md HA control plane);
+    every control host is named, with the fix."""
+    msg = refused("group control", *must, control=_controls(n))
+    assert all(f"ctl{i}" in msg for i in range(n)), msg
+
+
+def test_three_control_hosts_are_accepted():
+    plan = planmod.build(hosts(control=_controls(3)), name="sim")
+    assert [h.name for h in plan.group("control")] == ["ctl0", "ctl1", "ctl2"]
 # ------------------------------------------------------------------ weights source (docs/WEIGHTS.md)
 @pytest.mark.parametrize("value,must", [
     ("mirror", "is not a weights source"), ("mirror:", "is not a weights source"), ("s3", "is not a weights source"),
