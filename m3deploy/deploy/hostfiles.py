@@ -214,22 +214,17 @@ def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
     return [manifest_file(cp, hp), *service_files(cp, hp, secrets)]
 
 
-def by_path(files: list[HostFile]) -> dict[str, HostFile]:
-    return {f.path: f for f in files}
-
-
 # ------------------------------------------------------------------------------------------- the manifest
 
 def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     """What the deploy makes on this host, in the order teardown removes it. Keys:
-    units (stopped and disabled), containers (removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf unless
-    m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
+    units (stopped and disabled), containers (removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
+    unless m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
     if empty), packages (purged), users (removed)."""
     svcs = list(reversed(hp.services))
-    frontend = [s for s in svcs if has_watchdog(s)]
     made = service_files(cp, hp, None)
     files, links = [f.path for f in made if not f.link], [f.path for f in made if f.link]
-    units = [WATCHDOG_UNIT] * bool(frontend) + [s.unit for s in svcs]
+    units = [WATCHDOG_UNIT] * any(has_watchdog(s) for s in svcs) + [s.unit for s in svcs]
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
     caches, venvs, empty = [], [], []
     if _native(hp) and cp.venv:  # roles/artifacts.py: the wheelhouse, the venv built from it, the mock model

@@ -100,7 +100,8 @@ def test_render_of_a_host_is_its_manifest_and_files(tmp_path):
     assert {"etcd-server", "nats-server"} == set(manifest["packages"]) and manifest["users"] == ["m3"]
     # a second render replaces the first (a reviewer diffs two of them), an unknown host writes nothing
     assert CliRunner().invoke(main, ["render", str(ROOT / "inventories/gb200.py"), str(out)]).exit_code == 0
-    res = CliRunner().invoke(main, ["render", str(ROOT / "inventories/gb200.py"), str(tmp_path / "x"), "--host", "nope"])
+    res = CliRunner().invoke(main, ["render", str(ROOT / "inventories/gb200.py"), str(tmp_path / "x"),
+                                    "--host", "nope"])
     assert res.exit_code == 2 and "nope" in res.output and "Fix" in res.output and not (tmp_path / "x").exists()
 
 
@@ -150,7 +151,8 @@ def test_teardown_removes_what_the_manifest_names_and_nothing_else(controller):
 
 
 @pytest.mark.parametrize("key,entry", [
-    ("dirs", "/var/lib"), ("caches", "/usr/local"), ("files", "/etc/passwd"), ("links", "/etc/systemd/system/ssh.service"),
+    ("dirs", "/var/lib"), ("caches", "/usr/local"), ("files", "/etc/passwd"),
+    ("links", "/etc/systemd/system/ssh.service"),
     ("units", "ssh.service"), ("packages", "openssh-server"), ("users", "root"), ("containers", "postgres"),
     ("venvs", "/opt/m3/../../usr"),
 ])
