@@ -4,7 +4,8 @@ Builds and validates the cluster plan before any operation (an invalid plan stop
 problem listed, and no host is changed), then calls the roles in order for the current host's groups.
 Ordering and gating only: flags, env and images come from the plan; install steps live in roles/.
 
-Order: preflight -> drivers -> container runtime -> artifacts -> images -> weights -> etcd -> NATS (healthy)
+Order: preflight -> drivers -> container runtime -> the host's manifest (/etc/m3/manifest.json: what teardown
+removes) -> artifacts -> images -> weights -> etcd -> NATS (healthy)
 -> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request -> the
 deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
 pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
@@ -36,6 +37,7 @@ from roles.drivers import deploy_drivers  # noqa: E402
 from roles.etcd import deploy_etcd  # noqa: E402
 from roles.frontend import deploy_frontend  # noqa: E402
 from roles.images import deploy_images  # noqa: E402
+from roles.manifest import write_manifest  # noqa: E402
 from roles.nats import deploy_nats  # noqa: E402
 from roles.preflight import preflight  # noqa: E402
 from roles.record import record_deployment  # noqa: E402
@@ -64,6 +66,7 @@ else:
     if hp.gpus:
         deploy_drivers()
         deploy_runtime()
+    write_manifest()  # what teardown removes (/etc/m3/manifest.json), before anything it names is made
     deploy_artifacts()
     if hp.gpus:
         deploy_images()

@@ -1,28 +1,47 @@
-"""Remove everything the deploy created on this host (the plan's state "absent").
+"""Remove what the deploy made on this host (the plan's state "absent").
+
+What: the host's manifest, /etc/m3/manifest.json, written by the deploy before it changed anything else
+(roles/manifest.py; m3deploy.deploy.hostfiles.manifest: `m3deploy render` shows it). Teardown stops and
+disables the units it names, removes its containers, files, links and directories, purges its packages, and
+removes its caches (wheelhouse, venv, mock model, weights, /var/lib/m3) unless m3_keep_caches is true: in a venv
+root only the venvs carrying m3's stamp are removed, then the root and /opt/m3 if nothing else is left in them.
+A path the deploy did not make is never deleted: every entry is confined (hostfiles.removal_problem: directories
+by the rule validation applies to the path keys, core.inputs.teardown_path_problem; files only in m3's own
+places; only m3's units, packages and user), and a manifest naming anything else stops the teardown of that host.
+A host without a manifest (deployed before manifests existed) is torn down by the plan as before: the manifest
+the current plan would have written. Idempotent: the manifest goes last, with /etc/m3; a second run finds none,
+and what the plan names is already gone.
 
 Reads (through m3deploy.deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
-m3_keep_caches); host_plan().services (units, env files, workdirs, containers), .weights_dir.
-Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
-workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
-etcd-server/nats-server packages (purged). Caches (wheelhouse, venv, mock model, weights_dir) and the
-directories holding them (/var/lib/m3; m3_venv_root and /opt/m3 when nothing else is left in them) are removed
-too unless m3_keep_caches is true; with it, only they stay. Every path it deletes is confined to a directory m3
-owns (`_safe`, the rule validation applies to the path keys), and in m3_venv_root only the venvs carrying m3's
-stamp are removed. The system user m3 is removed. Idempotent.
+m3_keep_caches); host_plan() (services, weights_dir) for a host without a manifest.
 """
 import shlex
 from pathlib import PurePosixPath
 
-from pyinfra.api import deploy
+from pyinfra import host
+from pyinfra.api import FactBase, deploy
 from pyinfra.operations import apt, files, server, systemd
 
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import teardown_path_problem
-from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.deploy import hostfiles
+from m3deploy.deploy.context import InvalidPlan
+from m3deploy.deploy.hostfiles import ETC_DIR, MANIFEST, STAMP
 from roles import _units as u
-from roles.artifacts import STAMP, WHEELHOUSE_ROOT
-from roles.etcd import AUTH_SCRIPT
-from roles.frontend import WATCHDOG, WATCHDOG_UNIT
+
+
+class DeployManifest(FactBase):
+    """The text of the host's /etc/m3/manifest.json ('' when there is none)."""
+
+    @staticmethod
+    def default():
+        return ""
+
+    def command(self):
+        return f"cat {shlex.quote(MANIFEST)} 2>/dev/null || true"
+
+    def process(self, output):
+        return "\n".join(output)
 
 
 def _safe(path: str) -> str:
@@ -42,64 +61,50 @@ def remove_venvs(root: str, *parents: str) -> str:
     return f'for d in {q}/dynamo-*; do if [ -f "$d/{STAMP}" ]; then rm -rf -- "$d"; fi; done; {rmdirs}true'
 
 
+def host_manifest(cp, hp) -> dict:
+    """The host's manifest, checked entry by entry; the plan's when the host has none."""
+    text = host.get_fact(DeployManifest)
+    if text.strip():
+        try:
+            return hostfiles.read_manifest(text, hp.name)
+        except M3Error as e:  # before any operation: pyinfra prints it without a traceback and exits 2
+            raise InvalidPlan(f"teardown refused, nothing was changed:\n{e}") from None
+    host.noop(f"no {MANIFEST} on the host (deployed before manifests): tearing down what the plan names")
+    return hostfiles.manifest(cp, hp)
+
+
 @deploy("Tear down the MiniMax-M3 stack")
 def teardown():
     cp, hp = u.plans()
     keep = bool(dict(cp.settings).get("m3_keep_caches", False))
-    svcs = list(reversed(hp.services))
+    m = host_manifest(cp, hp)
     # One idempotent command: stop/disable every unit that exists, remove containers.
-    names = " ".join(shlex.quote(s.unit) for s in svcs)
-    containers = " ".join(shlex.quote(s.name.replace("@", "-")) for s in svcs if s.image)
-    cmds = [f"for x in {names}; do systemctl disable --now \"$x\" 2>/dev/null || true; done"] if svcs else []
-    if containers:
-        cmds.append(f"command -v docker >/dev/null && docker rm -f {containers} >/dev/null 2>&1 || true")
+    cmds = [f"for x in {' '.join(map(shlex.quote, m['units']))}; do systemctl disable --now \"$x\" 2>/dev/null "
+            "|| true; done"] if m["units"] else []
+    if m["containers"]:
+        cmds.append(f"command -v docker >/dev/null && docker rm -f {' '.join(map(shlex.quote, m['containers']))} "
+                    ">/dev/null 2>&1 || true")
     if cmds:
         server.shell(name="Stop and disable the m3 units", commands=cmds)
-    for s in svcs:
-        files.file(name=f"Remove {u.unit_path(s)}", path=u.unit_path(s), present=False)
-        if s.env_file:
-            files.file(name=f"Remove {s.env_file}", path=s.env_file, present=False)
-        if s.kind == "nats" and "-c" in s.argv:
-            files.file(name="Remove nats.conf", path=s.argv[s.argv.index("-c") + 1], present=False)
-        if s.workdir:
-            files.directory(name=f"Remove {s.workdir}", path=_safe(s.workdir), present=False)
-    kinds = {s.kind for s in svcs}
-    if "frontend" in kinds:
-        server.shell(name=f"Stop and disable {WATCHDOG_UNIT}",
-                     commands=[f"systemctl disable --now {WATCHDOG_UNIT} 2>/dev/null || true"])
-        for path in (f"{u.UNIT_DIR}/{WATCHDOG_UNIT}", WATCHDOG):
+    for path in m["files"]:
+        if path != MANIFEST:  # last: a teardown that stops half-way can run again from it
             files.file(name=f"Remove {path}", path=path, present=False)
-    if "etcd" in kinds:
-        files.file(name=f"Remove {AUTH_SCRIPT}", path=AUTH_SCRIPT, present=False)
-    if any(SIM_ENGINE in s.argv for s in svcs):
-        files.file(name=f"Remove {SIM_ENGINE}", path=SIM_ENGINE, present=False)
-    if "nats" in kinds:
-        files.link(name="Unmask nats-server.service", path="/etc/systemd/system/nats-server.service",
-                   present=False)
+    for path in m["links"]:
+        files.link(name=f"Remove {path}", path=path, present=False)
     systemd.daemon_reload(name="Reload systemd")
-    pkgs = [p for k, p in (("etcd", "etcd-server"), ("nats", "nats-server")) if k in kinds]
-    if pkgs:
-        apt.packages(name=f"Remove {', '.join(pkgs)}", packages=pkgs, present=False, extra_uninstall_args="--purge")
-    files.directory(name="Remove /etc/m3", path="/etc/m3", present=False)
-    if "worker" in kinds:  # the previous units and env files (secrets) kept for a roll back
-        files.directory(name=f"Remove {u.ROLLBACK_DIR}", path=_safe(u.ROLLBACK_DIR), present=False)
+    if m["packages"]:
+        apt.packages(name=f"Remove {', '.join(m['packages'])}", packages=m["packages"], present=False,
+                     extra_uninstall_args="--purge")
+    for path in m["dirs"]:
+        if path != ETC_DIR:
+            files.directory(name=f"Remove {path}", path=_safe(path), present=False)
     if not keep:
-        paths = []
-        if any(s.kind in ("frontend", "worker") and not s.image for s in svcs):
-            paths += [cp.venv, f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else ""]
-            if cp.engine == "mocker":
-                paths.append(cp.model_dir)
-        if hp.weights_dir:
-            paths.append(hp.weights_dir)
-        if cp.venv:  # every wheelhouse artifacts.py put on the host
-            paths.append(WHEELHOUSE_ROOT)
-        for p in dict.fromkeys(filter(None, paths)):
-            files.directory(name=f"Remove {p}", path=_safe(p), present=False)
-        if cp.venv:
-            root = str(PurePosixPath(cp.venv).parent)
+        for path in dict.fromkeys([*m["venvs"], *m["caches"]]):
+            files.directory(name=f"Remove {path}", path=_safe(path), present=False)
+        for root in dict.fromkeys(str(PurePosixPath(v).parent) for v in m["venvs"]):
+            others = [d for d in m["empty_dirs"] if d != root]
             server.shell(name=f"Remove m3's venvs in {root}, and the directory if m3 left it empty",
-                         commands=[remove_venvs(_safe(root), str(PurePosixPath(WHEELHOUSE_ROOT).parent))])
-    if any(not s.image and s.kind in ("frontend", "worker") for s in svcs):
-        server.user(name=f"Remove system user {u.M3_USER}", user=u.M3_USER, present=False)
-        if not keep:  # with m3_keep_caches the mock model and weights below it stay
-            files.directory(name=f"Remove {u.M3_HOME}", path=u.M3_HOME, present=False)
+                         commands=[remove_venvs(_safe(root), *map(_safe, others))])
+    for user in m["users"]:
+        server.user(name=f"Remove system user {user}", user=user, present=False)
+    files.directory(name=f"Remove {ETC_DIR}", path=ETC_DIR, present=False)  # with the manifest in it

@@ -36,6 +36,7 @@ ETC_DIR = "/etc/m3"
 LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
+MANIFEST_KEYS = ("units", "containers", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
@@ -218,41 +219,36 @@ def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
     return [manifest_file(cp, hp), *service_files(cp, hp, secrets)]
 
 
-def by_path(files: list[HostFile]) -> dict[str, HostFile]:
-    return {f.path: f for f in files}
-
-
 # ------------------------------------------------------------------------------------------- the manifest
 
 def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     """What the deploy makes on this host, in the order teardown removes it. Keys:
-    units (stopped and disabled), containers (removed), files (rm -f), dirs (rm -rf), caches (rm -rf unless
-    m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
+    units (stopped and disabled), containers (removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
+    unless m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
     if empty), packages (purged), users (removed)."""
     svcs = list(reversed(hp.services))
-    frontend = [s for s in svcs if has_watchdog(s)]
-    files = [f.path for f in service_files(cp, hp, None)]
-    units = [WATCHDOG_UNIT] * bool(frontend) + [s.unit for s in svcs]
+    made = service_files(cp, hp, None)
+    files, links = [f.path for f in made if not f.link], [f.path for f in made if f.link]
+    units = [WATCHDOG_UNIT] * any(has_watchdog(s) for s in svcs) + [s.unit for s in svcs]
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
     dirs += [ROLLBACK_DIR] * any(s.kind == "worker" for s in svcs)  # secrets (env files) kept for a roll back
     caches, venvs, empty = [], [], []
-    if _native(hp) and cp.venv:
+    if _native(hp) and cp.venv:  # roles/artifacts.py: the wheelhouse, the venv built from it, the mock model
         venvs.append(cp.venv)
         caches.append(f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else "")
         if cp.engine == "mocker":
             caches.append(cp.model_dir)
-    if hp.weights_dir:
-        caches.append(hp.weights_dir)
-    if cp.venv:
         caches.append(WHEELHOUSE_ROOT)
         empty += [posixpath.dirname(cp.venv), posixpath.dirname(WHEELHOUSE_ROOT)]
+    if hp.weights_dir:
+        caches.append(hp.weights_dir)
     users = [M3_USER] if _native(hp) else []
     if users:
         caches.append(M3_HOME)
     return {"m3deploy_manifest": MANIFEST_VERSION, "cluster": cp.name, "host": hp.name,
             "units": list(dict.fromkeys(units)),
             "containers": [s.name.replace("@", "-") for s in svcs if s.image],
-            "files": list(dict.fromkeys([*files, MANIFEST])),
+            "files": list(dict.fromkeys([*files, MANIFEST])), "links": links,
             "dirs": list(dict.fromkeys([*dirs, ETC_DIR])),
             "caches": list(dict.fromkeys(filter(None, caches))),
             "venvs": venvs, "empty_dirs": list(dict.fromkeys(empty)),
@@ -273,13 +269,15 @@ def read_manifest(text: str, host: str) -> dict:
     if not isinstance(doc, dict) or doc.get("m3deploy_manifest") != MANIFEST_VERSION:
         raise M3Error(f"host {host}: {MANIFEST} is not an m3deploy manifest (version {MANIFEST_VERSION}). "
                       "Fix: remove it to tear down by the plan")
-    problems = [f"{key}: {why}" for key in ("units", "containers", "files", "dirs", "caches", "venvs",
-                                            "empty_dirs", "packages", "users")
+    if not all(isinstance(doc.get(k, []), list) for k in MANIFEST_KEYS):
+        raise M3Error(f"host {host}: {MANIFEST}: every one of {', '.join(MANIFEST_KEYS)} must be a list. "
+                      "Fix: remove it to tear down by the plan")
+    problems = [f"{key}: {why}" for key in MANIFEST_KEYS
                 for entry in doc.get(key, []) for why in [removal_problem(key, entry)] if why]
     if problems:
         raise M3Error(f"host {host}: {MANIFEST} names what m3 did not make, refusing to tear down: "
                       + "; ".join(problems) + ". Fix: remove those entries (or the file, to tear down by the plan)")
-    return doc
+    return {k: list(doc.get(k, [])) for k in MANIFEST_KEYS}
 
 
 def removal_problem(key: str, entry) -> str:
@@ -290,7 +288,7 @@ def removal_problem(key: str, entry) -> str:
         return f"{entry!r} is not a name"
     if key in ("dirs", "caches", "venvs", "empty_dirs"):
         return "" if entry == ETC_DIR else teardown_path_problem(entry)
-    if key == "files":
+    if key in ("files", "links"):
         if posixpath.normpath(entry) != entry:
             return f"{entry!r} is not a normalized path"
         parent, name = posixpath.split(entry)

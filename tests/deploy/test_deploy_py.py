@@ -42,8 +42,8 @@ INVENTORIES = ["gb200", "h200", "b200", "mi300x", "mi355x", "mi355x_mxfp4"]
 HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
-ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Ship Dynamo artifacts", "Container images",
-              "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
+ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Write the deploy manifest", "Ship Dynamo artifacts",
+              "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
               "Roll the workers", "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
@@ -415,7 +415,8 @@ def test_provisioned_cluster_only_renders_and_starts_units(inv, cluster_run, con
                     " download ", "reboot"):
             assert bad not in cmds, (name, bad)
         if hp.gpus:
-            assert got[0] == "Deploy the workers", (name, got)
+            # the manifest (absent on these fake hosts: every file is new to them), then the workers
+            assert got[:2] == ["Write the deploy manifest", "Deploy the workers"], (name, got)
     check_worker_units(run, cluster, controller)
     # the serving check runs once, on the endpoint's host, last
     owners = [n for n, ops in run.ops_by_host.items() if any(role(o.name) == "Check the cluster is serving" for o in ops)]
@@ -435,8 +436,9 @@ def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
         if not hp.gpus:
             continue
         got = roles_of(ops)
-        assert got[:4] == ["GPU drivers", "Container runtime", "Container images", "Model weights"], (name, got)
-        assert got[4] == "Deploy the workers", (name, got)
+        assert got[:5] == ["GPU drivers", "Container runtime", "Write the deploy manifest", "Container images",
+                           "Model weights"], (name, got)
+        assert got[5] == "Deploy the workers", (name, got)
         names = [short(o, name) for o in ops]
         # no m3_allow_reboot: the driver install stops the host with its name before anything runs on the GPUs
         stop = names.index(f"Stop: @fake/{name} needs a reboot")
@@ -576,8 +578,8 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     cluster, run = cluster_run("gb200")
     ctl, t1, t2 = (h.name for h in cluster.hosts)
     assert cluster.plan.host(ctl).groups == ("control",)
-    assert roles_of(run.for_host(ctl)) == ["Ship Dynamo artifacts", "Deploy etcd", "Deploy NATS",
-                                           "Deploy the Dynamo frontend", "Roll the workers",
+    assert roles_of(run.for_host(ctl)) == ["Write the deploy manifest", "Ship Dynamo artifacts", "Deploy etcd",
+                                           "Deploy NATS", "Deploy the Dynamo frontend", "Roll the workers",
                                            "Check the cluster is serving", "Record the deployment"]
     units = {}
     for n in (t1, t2):

@@ -7,7 +7,8 @@ root; its results table and per-host log are parsed. The tests run in file order
 
 1. cold deploy -> `m3deploy verify` and `pytest tests/verify` pass;
 2. a second deploy changes nothing (0 changed ops) and restarts nothing (MainPID and
-   ActiveEnterTimestampMonotonic of every unit equal), and no file the deploy wrote is rewritten;
+   ActiveEnterTimestampMonotonic of every unit equal), and no file the deploy wrote is rewritten; every file
+   `m3deploy render` writes (offline) is the host's file (sha256, mode, owner);
 3. one worker's host data changes (m3_rdma_env, an inventory edit) -> only that worker restarts; putting
    the inventory back restarts only that worker again;
 4. invalid input (--data m3_parallel=tp2) exits non-zero naming the key, and no host changes;
@@ -291,6 +292,32 @@ def test_second_deploy_changes_and_restarts_nothing(deployed):
     assert pids(units_after) == pids(units_before), diff(pids(units_before), pids(units_after))
     assert files_after == files_before, diff(files_before, files_after)
     assert all(v["NRestarts"] == units_before[k]["NRestarts"] for k, v in units_after.items())
+
+
+# ------------------------------------------------------------------------------------------ 2b. render
+def test_render_is_what_the_deploy_wrote(deployed, tmp_path):
+    """`m3deploy render` (offline, m3deploy.deploy.hostfiles) shows exactly what is on the hosts: every non-secret
+    file it writes has the host file's sha256, mode and owner; a secret (masked) one exists with its mode and
+    owner; the nats-server mask is that link. One ssh per host."""
+    out = tmp_path / "render"
+    res = subprocess.run([*_tool("m3deploy"), "render", INVENTORY, str(out)], cwd=REPO, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for h in HOSTS:
+        entries = json.loads((out / f"{h}.json").read_text())["files"]
+        assert "/etc/m3/manifest.json" in {e["path"] for e in entries}
+        probe = "; ".join(f"echo \"$(stat -c '%n|%a|%U:%G' {p})|$(if [ -L {p} ]; then readlink {p}; "
+                          f"else sha256sum < {p} | cut -d' ' -f1; fi)\"" for p in (e["path"] for e in entries))
+        got = {line.split("|")[0]: line.split("|")[1:] for line in ssh(h, probe).stdout.splitlines()}
+        for e in entries:
+            assert e["path"] in got, f"{h}: {e['path']} (rendered) is not on the host"
+            mode, owner, digest = got[e["path"]]
+            if "link" in e:
+                assert digest == e["link"], (h, e, digest)
+                continue
+            assert (mode, owner) == (e["mode"].lstrip("0"), e["owner"]), (h, e, mode, owner)
+            if not e.get("secret"):
+                assert digest == e["sha256"], f"{h}: {e['path']} differs from its render"
 
 
 # ------------------------------------------------------------------------------------------ 3. one worker

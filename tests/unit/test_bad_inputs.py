@@ -578,3 +578,51 @@ def test_mock_repos_give_sim_workers_a_weights_dir():
         ("ctl", "", 0), ("w1", "/var/lib/m3/hf", 1), ("w2", "/var/lib/m3/hf", 1)]
     assert [(r.repo, r.role) for r in plan.model_repos] == [(plan.model_id, "target")]
     assert planmod.build(hosts(), name="sim").model_repos == ()  # no mock repos: the testbed stages nothing
+# ------------------------------------------------------------------ m3deploy render: refused writes nothing,
+# accepted is shown harmless (every file the deploy would write, m3deploy.deploy.hostfiles)
+@pytest.mark.parametrize("data,must", [
+    (["m3_paralel=tp8"], ("m3_paralel", "did you mean m3_parallel?")),
+    (["m3_cluster=prod\n[Service]\nExecStartPre=+/bin/touch /x\n#"], ("m3_cluster", "a newline")),
+    (["m3_hf_cache=/var/lib"], ("m3_hf_cache", "/var/lib")),
+    (['m3_extra_env={"HF_TOKEN": "hf_SecretValue123"}'], ("m3_extra_env", "HF_TOKEN")),
+])
+def test_render_refuses_a_bad_inventory_and_writes_nothing(tmp_path, data, must):
+    _, inv = validate(tmp_path, GOOD_INV, {"all.py": GD})
+    out = tmp_path / "render"
+    r = CliRunner().invoke(main, ["render", str(inv), str(out), *[a for d in data for a in ("--data", d)]])
+    assert r.exit_code == 2, r.output
+    assert any(all(m in line for m in must) and "Fix" in line for line in r.output.splitlines()), r.output
+    assert not out.exists() and "hf_SecretValue123" not in r.output
+
+
+ODD = {"m3_cluster": "prod.eu-west_2",
+       "m3_extra_env": {"M3_NOTE": 'a "b" $HOME %h `x` \\ #c; ExecStartPre=/bin/sh'},
+       "m3_extra_args": ["--note", 'x $y %h "q" ;rm -rf /\tand a tab']}
+
+
+def _render_all(all_data=None) -> dict[str, str]:
+    from m3deploy.deploy.hostfiles import host_files
+
+    plan = planmod.build(hosts(all_data=all_data), name="sim")
+    return {f"{h.name}:{f.path}": f.text for h in plan.hosts for f in host_files(plan, h) if not f.link}
+
+
+def test_accepted_odd_values_render_as_one_line_each():
+    """Legal but odd: a cluster name with . _ -, an env value and an engine arg holding quotes, $, %, `, \\, #, ;
+    and a tab. Every file has the lines of the plain cluster's (nothing injected, no section added), the env value
+    is one escaped line, and ExecStart gives the engine the arg back exactly (systemd's $$ and %% escapes)."""
+    plain, odd = _render_all(), _render_all(ODD)
+    assert set(plain) == set(odd)
+    for key, text in odd.items():
+        extra = text.count("\nM3_NOTE=")  # the engines' env files have the one added line
+        assert extra == (key.endswith(".env") and ("m3-worker@" in key or "m3-scripted" in key)), key
+        assert len(text.splitlines()) == len(plain[key].splitlines()) + extra, key
+        assert text.count("\n[") == plain[key].count("\n["), key
+        if key.endswith(".service"):
+            assert "prod.eu-west_2" in text and "ExecStartPre=/bin/sh" not in text, key
+    w1 = odd["w1:/etc/systemd/system/m3-worker@0.service"]
+    (exec_start,) = [ln.split("=", 1)[1] for ln in w1.splitlines() if ln.startswith("ExecStart=")]
+    argv = shlex.split(exec_start.replace("%%", "%").replace("$$", "$"))
+    assert argv[-2:] == ODD["m3_extra_args"], argv
+    env = odd["w1:/etc/m3/m3-worker@0.env"]
+    assert 'M3_NOTE="a \\"b\\" \\$HOME %h \\`x\\` \\\\ #c; ExecStartPre=/bin/sh"' in env.splitlines(), env
