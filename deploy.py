@@ -61,12 +61,15 @@ if plan.state == "absent":
     teardown()
 else:
     preflight()
+    containers = any(s.image for s in hp.services)  # GPU engines; mocker workers with m3_runtime=docker
     if hp.gpus:
         deploy_drivers()
+    if hp.gpus or containers:
         deploy_runtime()
     deploy_artifacts()
-    if hp.gpus:
+    if hp.gpus or containers:
         deploy_images()
+    if hp.gpus:
         deploy_weights()
     if "etcd" in kinds:
         deploy_etcd()

@@ -7,7 +7,8 @@ rank; kind "scripted" (the mocker cluster's tool-call engine) the same way. Mock
 files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. Settings m3_rollout,
 m3_rollout_max_unavailable: only the units whose unit file or env file (or that script) changed are restarted:
 one engine instance at a time by roles/_rollout.py (m3_rollout="rolling", the default), or here, per host, all
-at once (`_if=op.did_change`, m3_rollout="all-at-once").
+at once (`_if=op.did_change`, m3_rollout="all-at-once"). A container worker also restarts when roles/images.py put a
+new image under its image's name on the host in this run (`image_changed`).
 Native workers run as system user m3; container workers as root (docker).
 """
 from pyinfra.api import deploy
@@ -17,6 +18,7 @@ from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core.simengine import SIM_ENGINE
 from roles import _rollout, _units as u
+from roles.images import image_changed
 
 
 def _wait_registered(cp, heads, timeout_s):
@@ -34,14 +36,16 @@ def deploy_workers():
     if any(not s.image for s in workers):
         u.ensure_m3_user()
     sim = []
-    if any(SIM_ENGINE in s.argv for s in workers):  # the mocker and scripted engines (m3deploy.core.simengine)
+    if any(SIM_ENGINE in s.argv and not s.image for s in workers):  # native mocker/scripted (m3deploy.core.simengine);
+        # in a container the stand-in image holds it
         sim.append(files.put(name=f"Ship {SIM_ENGINE}", src=str(u.REPO / "files/m3-sim-engine.py"),
                              dest=SIM_ENGINE, user="root", group="root", mode="0755"))
     for s in workers:
         user = "root" if s.image else u.M3_USER
         u.ensure_workdir(s, user)
         unit_op, env_op = u.install_service(cp, s, "m3-worker@.service.j2", user)
-        changed = [unit_op, env_op, *sim]
+        # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
+        changed = [unit_op, env_op, *sim, *filter(None, [s.image and image_changed(s.image)])]
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
         # has its files; the scripted test engine is no planned worker and restarts here
         roll = rolling and s.kind == "worker"
