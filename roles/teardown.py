@@ -2,7 +2,8 @@
 
 Reads (through m3deploy.deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
 m3_keep_caches); host_plan().services (units, env files, workdirs, containers), .weights_dir.
-Stops and disables every unit, removes unit files, env files, /etc/m3, nats.conf, service
+Stops and disables every unit, removes containers and the images m3deploy made (`m3deploy/...`: the stand-in
+engine image, the Dynamo worker images built on the host; vendor images stay), unit files, env files, /etc/m3, nats.conf, service
 workdirs (etcd data, JetStream store, HOMEs), the etcd auth script, the nats-server mask and the
 etcd-server/nats-server packages (purged). Caches (wheelhouse, venv, mock model, weights_dir) and the
 directories holding them (/var/lib/m3; m3_venv_root and /opt/m3 when nothing else is left in them) are removed
@@ -16,6 +17,7 @@ from pathlib import PurePosixPath
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
+from m3deploy.controller.images import built_here
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import teardown_path_problem
 from m3deploy.core.simengine import SIM_ENGINE
@@ -53,6 +55,11 @@ def teardown():
     cmds = [f"for x in {names}; do systemctl disable --now \"$x\" 2>/dev/null || true; done"] if svcs else []
     if containers:
         cmds.append(f"command -v docker >/dev/null && docker rm -f {containers} >/dev/null 2>&1 || true")
+        # the images m3deploy made (the stand-in engine image, Dynamo worker images built on the host); a vendor
+        # image stays: the host may share it, and it is tens of GB to fetch again
+        ours = " ".join(shlex.quote(i) for i in dict.fromkeys(s.image for s in svcs if s.image and built_here(s.image)))
+        if ours:
+            cmds.append(f"command -v docker >/dev/null && docker image rm -f {ours} >/dev/null 2>&1 || true")
     if cmds:
         server.shell(name="Stop and disable the m3 units", commands=cmds)
     for s in svcs:
