@@ -69,7 +69,7 @@ else:
     deploy_artifacts()
     if hp.gpus or containers:
         deploy_images()
-    if hp.gpus:
+    if hp.weights_dir:  # GPU hosts; testbed hosts when the plan stages mock repos (m3_mock_repo_mb)
         deploy_weights()
     if "etcd" in kinds:
         deploy_etcd()

@@ -29,6 +29,7 @@ from pyinfra.operations import python
 from m3deploy.check import readiness as _readiness
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
+from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from roles import _units as u
 
@@ -88,7 +89,7 @@ def _send(cp):
 
     body = json.dumps({"model": cp.served_model_name, **REQUEST}).encode()
     req = urllib.request.Request(f"{cp.endpoint}/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **_readiness.auth(api_key(cp))})
     return lambda: urllib.request.urlopen(req, timeout=30).read()
 
 

@@ -17,13 +17,13 @@ from pyinfra.operations.util import any_changed
 
 from m3deploy.check import readiness as _readiness
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
-from roles._render import render, service_env
-from m3deploy.controller.secrets import ensure_secrets
+from m3deploy.deploy import hostfiles
+from m3deploy.deploy.hostfiles import (M3_HOME, M3_USER, UNIT_DIR, HostFile, restart_s,  # noqa: F401 (roles use them)
+                                       stop_timeout_s, timeout_start_s, unit_path)
+from m3deploy.controller.secrets import api_key, ensure_secrets
+from m3deploy.core.build import API_KEY_SECRET
 
 REPO = Path(__file__).resolve().parent.parent
-UNIT_DIR = "/etc/systemd/system"
-M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
-M3_HOME = "/var/lib/m3"
 
 
 def plans() -> tuple[ClusterPlan, HostPlan]:
@@ -37,32 +37,16 @@ def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
 
 
 def secrets_for(cp: ClusterPlan) -> dict[str, str]:
-    return dict(_secrets(cp.name))
+    """The generated secrets of the cluster, and its API key (m3_api_key_file) when it has one."""
+    out = dict(_secrets(cp.name))
+    key = api_key(cp)
+    if key:
+        out[API_KEY_SECRET] = key
+    return out
 
 
 def services(hp: HostPlan, kind: str) -> list[Service]:
     return [s for s in hp.services if s.kind == kind]
-
-
-def unit_path(s: Service) -> str:
-    return f"{UNIT_DIR}/{s.unit}"
-
-
-def timeout_start_s(s: Service) -> int:
-    # systemd's start timeout only bounds ExecStartPre/notify; readiness is polled separately.
-    return (s.readiness.timeout_s if s.readiness else 300) + 30
-
-
-def stop_timeout_s(s: Service) -> int:
-    """The drain bound: how long a graceful stop (SIGTERM: unregister, grace, finish in-flight) may take."""
-    return 120 if s.image else 30
-
-
-def restart_s(s: Service) -> int:
-    """RestartSec: the serving processes come back fast (a SIGKILLed worker was routable again in 4-6 s on the
-    loaded 2-core testbed, docs/OPERATIONS.md); with StartLimitIntervalSec=0 this also paces a crash loop, which
-    systemd then never gives up on."""
-    return 1 if s.kind in ("worker", "frontend") else 2
 
 
 class PathState(FactBase):
@@ -195,13 +179,21 @@ def ensure_workdir(s: Service, user: str):
         ensure_dir(name=f"Ensure {s.workdir}", path=s.workdir, user=user, group=user, mode="0750")
 
 
-def install_service(cp: ClusterPlan, s: Service, template: str, user: str, **extra):
-    """Ship the env file (0600 root) and the unit; return the ops whose change means restart."""
-    env_op = put_text(name=f"Render {s.env_file}", text=service_env(s, secrets_for(cp)), dest=s.env_file, mode="0600")
-    unit_text = render(template, cluster=cp.name, service=s, user=user,
-                       timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
-                       **extra)
-    unit_op = put_text(name=f"Render {unit_path(s)}", text=unit_text, dest=unit_path(s), mode="0644")
+def ship(f: HostFile, name: str = ""):
+    """Put one of m3deploy.deploy.hostfiles' files on the host, exactly as `m3deploy render` shows it."""
+    if f.link:
+        from pyinfra.operations import files
+
+        return files.link(name=name or f"Link {f.path} -> {f.link}", path=f.path, target=f.link)
+    return put_text(name=name or f"Render {f.path}", text=f.text, dest=f.path, mode=f.mode, user=f.user,
+                    group=f.group)
+
+
+def install_service(cp: ClusterPlan, s: Service):
+    """Ship the env file (0600 root) and the unit (m3deploy.deploy.hostfiles); return the ops whose change means
+    restart."""
+    env_op = ship(hostfiles.env_file(s, secrets_for(cp)))
+    unit_op = ship(hostfiles.unit_file(cp, s))
     return unit_op, env_op
 
 

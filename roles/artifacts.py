@@ -22,10 +22,8 @@ from m3deploy.controller import artifacts
 
 from m3deploy.controller import mockmodel
 from m3deploy.core.errors import M3Error
+from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT  # noqa: F401 (teardown reads them here too)
 from roles import _units as u
-
-WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
-STAMP = ".m3-wheelhouse"
 
 
 def _remote_manifest_digest(d: str) -> str:

@@ -13,12 +13,13 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
 from m3deploy.core.build import etcd_jwt_keys
+from m3deploy.deploy import hostfiles
+from m3deploy.deploy.hostfiles import AUTH_SCRIPT  # noqa: F401 (the path, for readers of this role)
 from roles import _units as u
 
-AUTH_SCRIPT = "/usr/local/lib/m3/m3-etcd-auth.py"
 USER = "etcd"  # created by the etcd-server package
 
 
@@ -40,14 +41,11 @@ def deploy_etcd():
         apt.packages(name="Install etcd-server", packages=["etcd-server"], no_recommends=True,
                      update=True, cache_time=3600)
         u.ensure_workdir(s, USER)
-        auth = any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
         changed = []
-        if auth:
+        if hostfiles.etcd_auth(s):
             key, pub = etcd_jwt_keys(s.workdir)
             changed.append(ensure_jwt_keys(name=f"Make etcd's JWT signing key {key}", key=key, pub=pub))
-            changed.append(files.put(name=f"Ship {AUTH_SCRIPT}", src=str(u.REPO / "files/m3-etcd-auth.py"),
-                                     dest=AUTH_SCRIPT, user="root", group="root", mode="0755"))
-        unit_op, env_op = u.install_service(cp, s, "etcd.service.j2", USER,
-                                            auth_script=AUTH_SCRIPT if auth else "")
+            changed.append(u.ship(hostfiles.auth_script(), name=f"Ship {AUTH_SCRIPT}"))
+        unit_op, env_op = u.install_service(cp, s)
         started = u.start_or_restart(s, unit_op, [unit_op, env_op, *changed])
         u.wait_ready(s, started)

@@ -11,44 +11,28 @@ resolves from its environment (the 0600 EnvironmentFile). The package's nats-ser
 stopped and masked (it would bind 0.0.0.0:4222).
 """
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
-from m3deploy.core import settings
-from m3deploy.core.errors import M3Error
-from roles._render import render
+from m3deploy.deploy import hostfiles
 from roles import _units as u
 
 USER = "nats"  # created by the nats-server package
-
-
-def _port(s, name):
-    for p in s.ports:
-        if p.name == name:
-            return p
-    raise M3Error(f"service {s.name} on {s.host} has no port named {name!r} (plan.build must set it)")
 
 
 @deploy("Deploy NATS")
 def deploy_nats():
     cp, hp = u.plans()
     for s in u.services(hp, "nats"):
-        if "-c" not in s.argv:
-            raise M3Error(f"nats on {s.host}: argv {list(s.argv)} has no `-c CONF`")
-        conf = s.argv[s.argv.index("-c") + 1]
+        conf = hostfiles.nats_conf(cp, s)
         # Mask the package's unit BEFORE installing, so its postinst cannot start it on 0.0.0.0:4222.
         systemd.service(name="Stop the package's nats-server.service", service="nats-server.service",
                         running=False, enabled=False)
-        mask = files.link(name="Mask nats-server.service", path="/etc/systemd/system/nats-server.service",
-                          target="/dev/null")
+        mask = u.ship(hostfiles.nats_mask(), name="Mask nats-server.service")
         systemd.daemon_reload(name="Reload systemd (nats-server masked)", _if=mask.did_change)
         apt.packages(name="Install nats-server", packages=["nats-server"], no_recommends=True,
                      update=True, cache_time=3600)
         u.ensure_workdir(s, USER)
-        auth = any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env)
-        text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
-                      monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream", auth=auth,
-                      max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")))
-        conf_op = u.put_text(name=f"Render {conf}", text=text, dest=conf, mode="0644")
-        unit_op, env_op = u.install_service(cp, s, "nats.service.j2", USER)
+        conf_op = u.ship(conf)
+        unit_op, env_op = u.install_service(cp, s)
         started = u.start_or_restart(s, unit_op, [unit_op, env_op, conf_op])
         u.wait_ready(s, started)

@@ -17,6 +17,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from m3deploy.check import checks, contract, readiness, rollout
+from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host
 from m3deploy.deploy import context
@@ -30,15 +31,16 @@ def endpoint_owner(cp) -> str:
     return cp.workers[0].hosts[0] if cp.workers else ""
 
 
-def one_request(endpoint: str, model: str, timeout_s: float) -> str:
-    """POST one small chat completion; retry until answered or timeout. Returns what answered."""
+def one_request(endpoint: str, model: str, timeout_s: float, api_key: str | None = None) -> str:
+    """POST one small chat completion (with the cluster's API key, when it has one); retry until answered or
+    timeout. Returns what answered."""
     body = json.dumps({"model": model, "max_tokens": 8,
                        "messages": [{"role": "user", "content": "Say hello."}]}).encode()
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
         req = urllib.request.Request(f"{endpoint}/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **readiness.auth(api_key)})
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 doc = json.loads(resp.read())
@@ -69,7 +71,7 @@ def _serving(cp):
         for model in contract.served_models(cp):  # listed is not routable: the frontend's own readiness
             took = readiness.wait_model_ready(base, model, timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
             host.log(f"{model}: /v1/models/{{model}}/ready ({took:.1f} s)")
-    host.log(f"{cp.endpoint}: {one_request(cp.endpoint, cp.served_model_name, 120)}")
+    host.log(f"{cp.endpoint}: {one_request(cp.endpoint, cp.served_model_name, 120, secrets.api_key(cp))}")
     if cp.serving == "dynamo":
         host.log(each_worker_answers(cp))
 
@@ -91,12 +93,12 @@ def _worker_ids(cp) -> dict[str, int]:
 
 def each_worker_answers(cp, timeout_s: float = 60) -> str:
     """Listed is not routable: one real request pinned to each worker must be answered by that worker."""
-    ids = _worker_ids(cp)
+    ids, api_key = _worker_ids(cp), secrets.api_key(cp)
     for key, wid in ids.items():
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid)
+                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid, api_key=api_key)
             except (OSError, ValueError) as e:
                 got = f"an error: {e}"
             if got == wid:

@@ -92,8 +92,8 @@ def teardown():
         paths = []
         if any(s.kind in ("frontend", "worker") and not s.image for s in svcs):
             paths += [cp.venv, f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else ""]
-            if cp.engine == "mocker":
-                paths.append(cp.model_dir)
+        if cp.engine == "mocker" and any(s.kind == "worker" for s in svcs):  # native, or mounted into the stand-in
+            paths.append(cp.model_dir)
         if hp.weights_dir:
             paths.append(hp.weights_dir)
         if cp.venv:  # every wheelhouse artifacts.py put on the host

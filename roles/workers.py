@@ -12,11 +12,12 @@ new image under its image's name on the host in this run (`image_changed`).
 Native workers run as system user m3; container workers as root (docker).
 """
 from pyinfra.api import deploy
-from pyinfra.operations import files, python
+from pyinfra.operations import python
 
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.deploy import hostfiles
 from roles import _rollout, _units as u
 from roles.images import image_changed
 
@@ -36,14 +37,11 @@ def deploy_workers():
     if any(not s.image for s in workers):
         u.ensure_m3_user()
     sim = []
-    if any(SIM_ENGINE in s.argv and not s.image for s in workers):  # native mocker/scripted (m3deploy.core.simengine);
-        # in a container the stand-in image holds it
-        sim.append(files.put(name=f"Ship {SIM_ENGINE}", src=str(u.REPO / "files/m3-sim-engine.py"),
-                             dest=SIM_ENGINE, user="root", group="root", mode="0755"))
+    if any(hostfiles.uses_sim_engine(s) for s in workers):  # native mocker/scripted engines (core.simengine); in a
+        sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))  # container the stand-in image holds it
     for s in workers:
-        user = "root" if s.image else u.M3_USER
-        u.ensure_workdir(s, user)
-        unit_op, env_op = u.install_service(cp, s, "m3-worker@.service.j2", user)
+        u.ensure_workdir(s, hostfiles.service_user(s))
+        unit_op, env_op = u.install_service(cp, s)
         # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
         changed = [unit_op, env_op, *sim, *filter(None, [s.image and image_changed(s.image)])]
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from m3deploy.check import benchreport
+from m3deploy.core.build import API_KEY_SECRET
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 
@@ -165,8 +166,23 @@ def docker_command(plan: ClusterPlan, w: Workload, concurrency: int, prompts: in
                       f"there is no engine image to run `vllm bench serve` in. Fix: --client aiperf "
                       f"(on the controller), or --image IMAGE with vllm inside")
     argv = vllm_argv(plan, w, concurrency, prompts, result_file)
+    key = ["-e", "OPENAI_API_KEY"] if key_env(s) else []  # the name only: docker takes the value from its env
     return ["docker", "run", "--rm", "--network", "host", "--entrypoint", "vllm", *_hf_mounts(h, s),
-            "-e", "HF_HUB_OFFLINE=1", "-v", f"{host_dir}:{RESULT_DIR}", img, *argv[1:]]
+            "-e", "HF_HUB_OFFLINE=1", *key, "-v", f"{host_dir}:{RESULT_DIR}", img, *argv[1:]]
+
+
+def key_env(s: Service) -> str:
+    """The env name the worker reads its API key from (m3_api_key_file), '' when it has none."""
+    return next((k for k, n in s.secret_env if n == API_KEY_SECRET), "")
+
+
+def key_prefix(plan: ClusterPlan) -> str:
+    """Shell prefix of the bench host's command: OPENAI_API_KEY (what `vllm bench serve` sends as its Bearer:
+    vllm/benchmarks/lib/endpoint_request_func.py `_get_headers`) read on the host from the worker's own 0600 env
+    file, so the key crosses no command line and no SSH session."""
+    _, s = bench_host(plan)
+    name = key_env(s)
+    return f"OPENAI_API_KEY=\"$(sed -n 's/^{name}=//p' {shlex.quote(s.env_file)})\" " if name else ""
 
 
 def aiperf_argv(plan: ClusterPlan, w: Workload, concurrency: int, prompts: int, artifact_dir: str,
@@ -174,6 +190,13 @@ def aiperf_argv(plan: ClusterPlan, w: Workload, concurrency: int, prompts: int, 
     """`aiperf profile` with the same workload: vllm's random dataset (`--prompt-corpus random` in aiperf's `vllm`
     style: random ids from the non-special vocabulary, lengths fixed by range ratio 0 as vllm's default), streaming,
     token counts from the server's usage (as vllm bench), no warm-up."""
+    if dict(plan.settings).get("m3_api_key_file"):
+        # aiperf/config/flags/cli_config.py: `--api-key` (argv) or a YAML config's api_key; aiperf 0.13.0's CLI
+        # reads no environment variable for it (common/endpoint_credentials.py uses OPENAI_API_KEY only to
+        # rehydrate a key already configured)
+        raise M3Error("m3_api_key_file is set, and aiperf 0.13.0 takes an API key only on its command line (where "
+                      "`ps` shows it). Fix: --client vllm (`vllm bench serve` in the worker's image reads it from "
+                      "the environment)")
     return [aiperf_exe(), "profile", "--model", plan.served_model_name, "--url", base_url(plan),
             "--endpoint-type", w.endpoint, "--streaming", "--tokenizer", tokenizer,
             "--synthetic-input-tokens-mean", str(w.input_len), "--output-tokens-mean", str(w.output_len),
@@ -289,7 +312,7 @@ def _run_vllm(plan, w, conc, prompts, out: Path, ctx, image: str | None) -> dict
     remote = f"/tmp/m3bench-{out.name}"
     name = f"vllm-c{conc}.json"
     cmd = docker_command(plan, w, conc, prompts, name, remote, image)
-    r = ctx.run(h.name, f"mkdir -p {shlex.quote(remote)} && {shlex.join(cmd)}")
+    r = ctx.run(h.name, f"mkdir -p {shlex.quote(remote)} && {key_prefix(plan)}{shlex.join(cmd)}")
     (out / f"vllm-c{conc}.log").write_text("$ " + shlex.join(cmd) + "\n" + r.stdout + r.stderr)
     if r.rc != 0:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-25:])
@@ -434,10 +457,11 @@ def dry_run_text(plan: ClusterPlan, profile: str, w: Workload, client: str, imag
         if client == "vllm":
             cmd = docker_command(plan, w, conc, prompts, f"vllm-c{conc}.json", f"/tmp/m3bench-{out.name}", image)
             lines.append(f"# on {h.name} ({h.address}), concurrency {conc}:")
+            lines.append(key_prefix(plan) + shlex.join(cmd))
         else:
             cmd = aiperf_argv(plan, w, conc, prompts, str(out / f"aiperf-c{conc}"), _tokenizer_hint(plan))
             lines.append(f"# on the controller, concurrency {conc}:")
-        lines.append(shlex.join(cmd))
+            lines.append(shlex.join(cmd))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import click
 
+from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
@@ -114,20 +115,28 @@ def write_ssh_config(hosts: Iterable) -> tuple[str, str]:
     return path, d
 
 
+def ssh_argv(d) -> list[str]:
+    """`ssh` and the options of an inventory host's ssh data (key, port, known_hosts: strict checking)."""
+    argv = ["ssh"]
+    if d.get("ssh_key"):
+        argv += ["-i", str(d.get("ssh_key"))]
+    if d.get("ssh_port"):
+        argv += ["-p", str(d.get("ssh_port"))]
+    if d.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={d.get('ssh_known_hosts_file')}", "-o", "StrictHostKeyChecking=yes"]
+    return argv
+
+
+def ssh_target(d, name: str) -> str:
+    target = str(d.get("ssh_hostname") or name)
+    return f"{d.get('ssh_user')}@{target}" if d.get("ssh_user") else target
+
+
 def ssh_command(inv_host, command: str) -> str:
     """A copy-pasteable ssh command for the report (no temp files: options spelled out)."""
     d = inv_host.data if inv_host is not None else {}
-    argv = ["ssh"]
-    if d.get("ssh_key"):
-        argv += ["-i", str(d["ssh_key"])]
-    if d.get("ssh_port"):
-        argv += ["-p", str(d["ssh_port"])]
-    if d.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={d['ssh_known_hosts_file']}", "-o", "StrictHostKeyChecking=yes"]
-    target = str(d.get("ssh_hostname") or (inv_host.name if inv_host is not None else "HOST"))
-    if d.get("ssh_user"):
-        target = f"{d['ssh_user']}@{target}"
-    return shlex.join(argv + [target, command])
+    target = ssh_target(d, inv_host.name if inv_host is not None else "HOST")
+    return shlex.join(ssh_argv(d) + [target, command])
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -261,6 +270,7 @@ class Context:
         self._hosts: dict[str, Any] = {}
         self._listeners: dict[str, list[Listener]] = {}
         self._openai = None
+        self.api_key = api_key(plan)  # m3_api_key_file (M3Error when unreadable or not 0600), else None
         self._lock = threading.Lock()
         self.cache: dict[str, Any] = {}
 
@@ -303,8 +313,8 @@ class Context:
         return ssh_command(self.inventory.get(name), command)
 
     # http
-    def http_get(self, url: str, timeout: float | None = None) -> tuple[int, str]:
-        req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    def http_get(self, url: str, timeout: float | None = None, headers: dict | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(url, headers={"Accept": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.http_timeout) as resp:
                 return resp.status, resp.read(1 << 20).decode("utf-8", "replace")
@@ -318,7 +328,8 @@ class Context:
             import httpx
             import openai
 
-            self._openai = openai.OpenAI(base_url=self.plan.endpoint, api_key=os.environ.get("M3_API_KEY", "none"),
+            key = self.api_key or os.environ.get("M3_API_KEY", "none")
+            self._openai = openai.OpenAI(base_url=self.plan.endpoint, api_key=key,
                                          timeout=httpx.Timeout(self.request_timeout, connect=5.0), max_retries=0)
         return self._openai
 

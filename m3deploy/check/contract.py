@@ -194,7 +194,7 @@ def _routable(ctx: Context) -> str:
     back = {v: k for k, v in ids.items()}
     for key in planned:
         try:
-            got = readiness.pinned_chat(ctx.plan.endpoint, ctx.plan.served_model_name, ids[key])
+            got = readiness.pinned_chat(ctx.plan.endpoint, ctx.plan.served_model_name, ids[key], api_key=ctx.api_key)
         except (OSError, ValueError) as e:
             raise CheckFailed(f"request pinned to {key} (instance {ids[key]}): {e}") from None
         if got != ids[key]:

@@ -25,6 +25,12 @@ class NotReady(M3Error):
     pass
 
 
+def auth(api_key: str | None) -> dict[str, str]:
+    """The header an OpenAI-API request carries when the cluster has an API key (m3_api_key_file); vLLM's
+    AuthenticationMiddleware wants exactly `Authorization: Bearer KEY` (docs/CONTRACTS.md "API keys")."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 @dataclass
 class Result:
     ok: bool
@@ -199,14 +205,15 @@ def wait_model_ready(base_url: str, model: str, timeout_s: float = 120, interval
         sleep(interval_s)
 
 
-def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60.0) -> int | None:
+def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60.0,
+                api_key: str | None = None) -> int | None:
     """POST one small chat request that the Dynamo frontend must route to worker `instance_id`
     (`nvext.backend_instance_id`); return the worker id the frontend says served it (urllib: it also runs inside
     pyinfra's gevent, where httpx cannot)."""
     body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hello."}],
                        "nvext": {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}}).encode()
     req = urllib.request.Request(f"{endpoint.rstrip('/')}/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **auth(api_key)})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         doc = json.loads(resp.read())
     return ((doc.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")

@@ -12,6 +12,8 @@ worker's system-port /metrics (label `worker_id` = instance id in hex), and the 
 `dynamo_component_requests_total{dynamo_endpoint="generate"}` deltas before/after confirm it
 independently of the frontend's answer.
 
+- api-key (with m3_api_key_file): the endpoint refuses a request without the key or with a wrong one (401) and
+  answers one with it (200); every other request here carries the key (the openai client's api_key).
 - session-affinity: N turns of one session, each with an unrelated prompt (no shared prefix, so the KV
   router has no cache reason to stay), all land on one worker; the metric deltas agree.
 - session-spread (>= 2 workers): new sessions sent concurrently spread over >= 2 workers; then each
@@ -36,10 +38,20 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
+def key_file(plan: ClusterPlan) -> str:
+    return str(dict(plan.settings).get("m3_api_key_file") or "")
+
+
+def _auth_arg(plan: ClusterPlan) -> str:
+    """curl's header with the cluster's API key, read from its file when the command runs (never printed)."""
+    f = key_file(plan)
+    return f'-H "Authorization: Bearer $(cat {shlex.quote(f)})" ' if f else ""
+
+
 def _curl(plan: ClusterPlan, path: str, body: dict, headers: dict | None = None) -> str:
     h = " ".join(f"-H {shlex.quote(f'{k}: {v}')}" for k, v in (headers or {}).items())
     return (f"curl -sS -i {shlex.quote(plan.endpoint.rstrip('/') + path)} -H 'content-type: application/json' "
-            + (h + " " if h else "")
+            + _auth_arg(plan) + (h + " " if h else "")
             + f"-d {shlex.quote(json.dumps({**SAMPLING, 'top_k': TOP_K, **body}, separators=(',', ':')))}")
 
 
@@ -155,6 +167,22 @@ def _tools(ctx: Context) -> str:
         json.loads(tc.function.arguments or "{}")
     return (f"HTTP 200 with tools=[get_weather], finish_reason {c.finish_reason}, {len(calls)} tool call(s), "
             f"{_usage_ok(r.usage)}")
+
+
+def _api_key(ctx: Context) -> str:
+    """The endpoint enforces the key: no key and a wrong key get 401, the key gets 200 (vLLM's
+    AuthenticationMiddleware guards /v1; readiness polls /health, which stays open: health/... checks it)."""
+    url = ctx.plan.endpoint.rstrip("/") + "/models"
+    if not ctx.api_key:
+        raise CheckFailed(f"m3_api_key_file is set but the controller has no key from {key_file(ctx.plan)}")
+    seen = []
+    for what, headers, want in (("no key", {}, 401), ("a wrong key", {"Authorization": "Bearer m3-wrong-key"}, 401),
+                                ("the key", {"Authorization": f"Bearer {ctx.api_key}"}, 200)):
+        status, body = ctx.http_get(url, headers=headers)
+        if status != want:
+            raise CheckFailed(f"GET {url} with {what}: HTTP {status} (want {want}): {body[:200]}")
+        seen.append(f"{what}: {status}")
+    return "GET /v1/models with " + ", ".join(seen)
 
 
 def _unknown_model(ctx: Context) -> str:
@@ -283,9 +311,12 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
         return []
     m = plan.served_model_name
     msg = _msgs("hi")
-    out = [
+    models = f"curl -sS -i {shlex.quote(plan.endpoint.rstrip('/') + '/models')}"
+    out = [Check("smoke/api-key", "smoke", "frontend", "without the API key 401, with it 200", _api_key,
+                 f"{models}   # 401; then: {models} {_auth_arg(plan).strip()}")] if key_file(plan) else []
+    out += [
         Check("smoke/models", "smoke", "frontend", f"/v1/models lists {m}", _models,
-              f"curl -sS -i {shlex.quote(plan.endpoint.rstrip('/') + '/models')}"),
+              f"{models} {_auth_arg(plan)}".strip()),
         Check("smoke/chat", "smoke", "frontend", "chat completion has choices and usage", _chat,
               _curl(plan, "/chat/completions", {"model": m, "messages": msg, "max_tokens": 16})),
         Check("smoke/chat-stream", "smoke", "frontend", "streamed chat: chunks, then a finish_reason", _chat_stream,

@@ -136,7 +136,7 @@ def _no_leak_check(h: HostPlan, paths: list[str]) -> Callable[[Context], str]:
     def fn(ctx: Context) -> str:
         from m3deploy.controller.secrets import load_secrets
 
-        values = [v for v in load_secrets(ctx.plan.name).values() if v]
+        values = [v for v in [*load_secrets(ctx.plan.name).values(), ctx.api_key] if v]
         if not values:
             return "no secrets in this controller's store: nothing can leak"
         leaked, missing = [], []

@@ -54,7 +54,7 @@ class LazyGroup(click.Group):
     lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.cli.preflight:preflight",
             "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images",
             "artifacts": "m3deploy.cli.artifacts:artifacts",
-            "bench": "m3deploy.cli.bench:bench"}
+            "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -187,8 +187,12 @@ def pretty_service(s) -> str:
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
 def validate(inventory, data):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+    from m3deploy.controller.secrets import api_key
+
     try:
         p = load_plan(inventory, data)
+        if p.state != "absent":
+            api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
     except M3Error as e:
         fail(e)
     n = sum(len(h.services) for h in p.hosts)

@@ -32,10 +32,10 @@ def verify(inventory, only_host, skip_smoke, report, as_json, data):
         inv = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
         plan = planmod.build(inv, name=Path(inventory).stem)
         checks = V.all_checks(plan, inv, only_host, smoke=not skip_smoke)
+        ctx = V.Context(plan, inv)  # reads m3_api_key_file: a missing or readable-by-others file stops here
     except M3Error as e:
         fail(e)
         return
-    ctx = V.Context(plan, inv)
     t0 = time.monotonic()
     try:
         results = V.run_checks(checks, ctx)

@@ -3,11 +3,16 @@
 `~/.config/m3deploy/<cluster>/secrets.json` (dir 0700, file 0600; `M3DEPLOY_CONFIG` moves the root).
 Secrets reach hosts only inside 0600 root env files rendered at deploy time (service.env.j2);
 they are never in the plan, argv, unit files or config files.
+
+The API key (m3_api_key_file) is the user's, not generated: read from that 0600 file on the controller by
+`api_key(plan)`, for the engines' env files (secret name m3deploy.core.build.API_KEY_SECRET) and for every
+client of the endpoint (verify's smoke checks, the deploy's serving check, the rollout, bench).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets as _secrets
 import stat
 from pathlib import Path
@@ -22,6 +27,39 @@ KNOWN = {
     "etcd-root-password": "password of etcd's root user (admin; only the etcd host's env file)",
     "etcd-password": "password of the etcd user Dynamo connects as (ETCD_AUTH_PASSWORD)",
 }
+
+
+API_KEY_FIX = ("Fix: write the key there alone on one line and make it private, e.g. "
+               "`openssl rand -hex 32 > FILE && chmod 600 FILE` (docs/OPERATIONS.md \"API key\")")
+
+
+def read_api_key(path: str) -> str:
+    """The key in m3_api_key_file (a controller path): a regular file, mode 0600 or stricter, one line of printable
+    ASCII without spaces (an HTTP header value). Raises M3Error naming the key, the file and the fix; the message
+    never holds the file's content."""
+    p = Path(path).expanduser()
+    where = f"key m3_api_key_file: {p}"
+    if not p.is_file():
+        raise M3Error(f"{where} does not exist on the controller (or is not a file). {API_KEY_FIX}")
+    mode = stat.S_IMODE(p.stat().st_mode)
+    if mode & 0o077:
+        raise M3Error(f"{where} is readable by others (mode {mode:o}). Fix: chmod 600 {p}")
+    try:
+        key = p.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeError) as e:
+        raise M3Error(f"{where} cannot be read as text ({type(e).__name__}). {API_KEY_FIX}") from None
+    if not key:
+        raise M3Error(f"{where} is empty: an empty key would leave the API open. {API_KEY_FIX}")
+    if not re.fullmatch(r"[!-~]+", key):
+        raise M3Error(f"{where} holds more than one line, spaces or control characters (value not shown); "
+                      f"clients send it as `Authorization: Bearer KEY`. {API_KEY_FIX}")
+    return key
+
+
+def api_key(plan) -> str | None:
+    """The cluster's API key (m3_api_key_file, recorded in the plan's settings), or None when it has none."""
+    path = dict(plan.settings).get("m3_api_key_file")
+    return read_api_key(path) if path else None
 
 
 def config_root() -> Path:
@@ -81,3 +119,30 @@ def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
                 f.write("\n")
             os.replace(tmp, path)
     return data
+
+
+def ensure_transfer_key(cluster: str) -> tuple[Path, str]:
+    """The cluster's weights transfer key pair (ed25519, no passphrase), made once with ssh-keygen:
+    `<config>/<cluster>/weights_transfer_ed25519` (0600) and its `.pub`. Returns (private key path, public key
+    line). Hosts get the private key as a root-only 0600 file; the public key goes into the senders'
+    authorized_keys restricted to `rrsync -ro` and the cluster's addresses (roles/weights.py)."""
+    import subprocess
+
+    path = secrets_path(cluster).with_name("weights_transfer_ed25519")
+    pub = path.with_name(path.name + ".pub")
+    if not (path.is_file() and pub.is_file()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        with locked(path, f"the weights transfer key of {cluster}"):
+            if not (path.is_file() and pub.is_file()):
+                for p in (path, pub):
+                    if p.exists():
+                        p.unlink()
+                r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"m3deploy-weights-{cluster}",
+                                    "-f", str(path)], capture_output=True, text=True)
+                if r.returncode:
+                    raise M3Error(f"ssh-keygen could not make {path}: {r.stderr.strip()}. Fix: install openssh-client")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise M3Error(f"{path} is readable by others (mode {mode:o}); fix: chmod 600 {path}")
+    return path, pub.read_text().strip()

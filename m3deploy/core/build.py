@@ -19,13 +19,16 @@ from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
-from m3deploy.core.model import ClusterPlan, HostPlan, Port, Provenance, Readiness, Service, WorkerPlan
+from m3deploy.core.model import (ClusterPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
+                                 WorkerPlan)
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR = 2379, 2380, 4222, 8222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
 # services' 0600 env files. Dynamo 1.6.1 reads ETCD_AUTH_* / NATS_AUTH_* (docs/DYNAMO.md).
 AUTH_USER = "m3"
 DYN_SECRET_ENV = (("ETCD_AUTH_PASSWORD", "etcd-password"), ("NATS_AUTH_PASSWORD", "nats-password"))
+# m3_api_key_file's key: not generated but read from that controller file (m3deploy.controller.secrets.api_key)
+API_KEY_SECRET = "api-key"
 
 
 # ---------------------------------------------------------------------------------------------- inventory
@@ -188,6 +191,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     repo_args = catalog.engines()[engine].get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker" and engine != "mocker"
                               for r in repos.worker_repos(x.argv, model_id, repo_args))
+    mock_mb = s["m3_mock_repo_mb"]  # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
+    if mock_mb and not model_repos and repos.is_repo_id(model_id):
+        model_repos = (ModelRepo(model_id, "target", "m3_mock_repo_mb"),)
     host_plans = []
     for h in hosts:
         is_worker = "workers" in h.groups
@@ -202,8 +208,9 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
             gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
             interface=str(h.data.get("m3_interface") or ""),
-            weights_dir=s["m3_hf_cache"] if gpus else "",
-            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else 0,
+            weights_dir=s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else "",
+            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else -(-mock_mb // 1024) if mock_mb and
+            is_worker else 0,
             shm_min_gb=16 if gpus else 0,
             needs_rdma=bool(is_worker and span > 1 and gpus),
             services=tuple(services[h.name]), data=data))
@@ -422,9 +429,12 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         tag = hashlib.sha256(image.encode()).hexdigest()[:12]
         image = f"m3deploy/dynamo-{engine}:{s['m3_dynamo_version']}-{tag}"
     name = f"m3-worker@{slot}"
+    # the engine's own HTTP server checks the key (rank 0 serves; headless ranks have no API server)
+    api_key_env = ((rules["api_key_env"], API_KEY_SECRET),) if (
+        serving != "dynamo" and rank == 0 and s["m3_api_key_file"] and rules.get("api_key_env")) else ()
     return Service(
         name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
-        secret_env=DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else (),
+        secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
         after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
         env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "",

@@ -20,7 +20,8 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable
 
-from m3deploy.core.settings import KEYS
+from m3deploy.core import fanout
+from m3deploy.core.settings import KEYS, RENAMED
 
 CONTROL = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -135,6 +136,11 @@ def _semantic(key, value) -> str:
         return f"{value!r} is not a driver branch. Fix: a number such as 580"
     elif check == "url" and not URL.fullmatch(value):
         return f"{value!r} is not an http(s) URL (no spaces or shell characters)"
+    elif check == "weights_source":
+        try:
+            fanout.parse_source(value)
+        except ValueError as e:
+            return str(e)
     elif check in ("users", "packages"):
         rx = USER if check == "users" else PACKAGE
         bad = [v for v in value if not isinstance(v, str) or not rx.fullmatch(v)]
@@ -147,7 +153,8 @@ def _semantic(key, value) -> str:
 SECRET_WORDS = {"TOKEN", "KEY", "APIKEY", "PASSWORD", "PASSWD", "SECRET"}  # a `_`-separated word of an env name
 SECRET_FLAG = re.compile(r"--(?:[a-z0-9-]*-)?(?:api-key|token|password|passwd|secret)")  # --api-key, --hf-token
 SECRET_FIX = ("Fix: remove it; an HF token goes in a 0600 file on the controller named by m3_hf_token_file (the "
-              "deploy carries it in a 0600 env file, never argv). An engine API key has no inventory key yet")
+              "deploy carries it in a 0600 env file, never argv), an API key for the endpoint in one named by "
+              "m3_api_key_file")
 
 
 def secret_env_names(env) -> list[str]:
@@ -182,6 +189,8 @@ def value_problem(name: str, value: Any) -> str:
 
 
 def did_you_mean(name: str) -> str:
+    if name in RENAMED:
+        return f"it was replaced: did you mean {RENAMED[name]}?"
     near = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.7)
     return f"did you mean {near[0]}?" if near else "see docs/INVENTORY.md for every key"
 

@@ -150,7 +150,18 @@ _KEYS = (
         "filesystem (inventories/testbed.py: the testbed's image)"),
     Key("m3_image_archive_dir", str, None, "controller directory of `docker save` archives (m3deploy save-images)"),
     Key("m3_hf_token_file", str, None, "controller path of a 0600 HF token (else HF_TOKEN from the environment)"),
-    Key("m3_hf_cache_shared", bool, False, "the weights cache is one shared filesystem: only the first host downloads"),
+    Key("m3_api_key_file", str, None, "controller path of a 0600 file holding the API key every client must send "
+        "(`Authorization: Bearer`); standalone vLLM only (docs/CONTRACTS.md)", True),
+    Key("m3_weights_source", str, "hub", "where each model repo comes from: 'hub' (every host downloads), "
+        "'controller' (its HF cache, then fan-out), 'mirror:<host>' (that host downloads once, then fan-out), "
+        "'shared' (one shared filesystem: one host downloads); docs/WEIGHTS.md", True, check="weights_source"),
+    Key("m3_weights_fanout", int, 4, "fan-out degree: a host holding a repo sends it to at most this many hosts "
+        "per round (rounds = ceil(log_(k+1)(hosts+1)))", True, range=(1, 4096)),
+    Key("m3_weights_controller_cache", str, None, "m3_weights_source=controller: the controller's HF cache "
+        "(HF_HOME; default $HF_HOME, else ~/.cache/huggingface)", True),
+    Key("m3_mock_repo_mb", int, None, "testbed: the controller builds mock repos of this many MB (seeded random "
+        "shards, m3deploy.controller.mockrepos) for the plan's repos and stages them (needs source controller)",
+        True, range=(1, 1 << 20)),
     Key("m3_weights_download", str, None, "'image' (`hf` in the worker image) or 'host'; default image when one runs",
         values=("image", "host")),
     Key("m3_hf_cli", str, None, "host path of `hf` (default <venv>/bin/hf, else `hf`)", check="path"),
@@ -188,7 +199,10 @@ CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the 
     "url": "an http(s):// URL",
     "users": "list of user names",
     "packages": "list of apt package names",
+    "weights_source": "hub, controller, shared, or mirror:<host> naming an inventory host",
 }
+# Keys that were replaced: the input check names the new spelling (m3deploy.core.inputs.did_you_mean).
+RENAMED = {"m3_hf_cache_shared": "m3_weights_source = 'shared'"}
 _FROM_CATALOG = {"m3_platform": "platforms", "m3_variant": "variants", "m3_engine": "engines",
                  "m3_serving": "servings", "m3_features": "features", "m3_parallel": "parallel_modes"}
 
@@ -227,7 +241,8 @@ def markdown_table() -> str:
 README_KEYS = ("m3_platform", "m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features",
                "m3_max_model_len", "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
                "m3_served_model_name", "m3_address", "m3_interface", "m3_gpus_per_host", "m3_gpu_memory_gb",
-               "m3_frontend_port", "m3_dynamo_version", "m3_hf_cache", "m3_hf_token_file", "m3_allow_reboot",
+               "m3_frontend_port", "m3_dynamo_version", "m3_hf_cache", "m3_hf_token_file", "m3_api_key_file",
+               "m3_allow_reboot",
                "m3_readiness_timeout_s", "m3_state")
 
 

@@ -6,11 +6,12 @@ parallel mode are known) on the raw m3_* data, so the plan can be built; `check_
 """
 from __future__ import annotations
 
+import difflib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from m3deploy.core import catalog, inputs, layout, recipes
+from m3deploy.core import catalog, fanout, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
 
@@ -86,7 +87,7 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 @rule(RULES)
 def cluster_keys_agree(c: Cluster, add: Add) -> None:
     for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
-                "m3_model_id", "m3_dynamo_version", "m3_state"):
+                "m3_model_id", "m3_dynamo_version", "m3_state", "m3_weights_source"):
         seen = defaultdict(list)
         for h in c.workers:
             seen[repr(_v(h, key))].append(h.name)
@@ -164,6 +165,25 @@ def rollout(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def weights_source(c: Cluster, add: Add) -> None:
+    """m3_weights_source = mirror:<host> names an inventory host; mock repos come from the controller."""
+    kind, mirror = fanout.parse_source(_v(c.ref, "m3_weights_source"))  # format checked by inputs
+    names = [h.name for h in c.hosts]
+    if kind == "mirror" and mirror not in names:
+        near = difflib.get_close_matches(mirror, names, n=1)
+        add(f"key m3_weights_source: mirror:{mirror} names no host of the inventory"
+            + (f" (did you mean mirror:{near[0]}?)" if near else "")
+            + f". Fix: m3_weights_source = 'mirror:<host>' with one of {_list(names[:8])}"
+            + (" ..." if len(names) > 8 else "") + ", or 'controller'")
+    elif kind == "mirror" and mirror not in [h.name for h in c.workers]:
+        add(f"key m3_weights_source: the mirror {mirror} is not in the `workers` group: only GPU hosts have an HF "
+            f"cache to download into and serve from. Fix: name a host of the workers group, or 'controller'")
+    if _v(c.ref, "m3_mock_repo_mb") and kind != "controller":
+        add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
+            f"{_v(c.ref, 'm3_weights_source')!r}. Fix: also set m3_weights_source = 'controller'")
+
+
+@rule(RULES)
 def extra_args_parse(c: Cluster, add: Add) -> None:
     try:
         recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
@@ -231,6 +251,25 @@ def engine_fits(c: Cluster, add: Add) -> None:
         add("key m3_engine: the SGLang launch line in the recipe is NVIDIA's. Fix: use vllm on AMD")
     if engine == "trtllm" and info["vendor"] != "nvidia":
         add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
+
+
+@rule(RULES)
+def api_key_carried(c: Cluster, add: Add) -> None:
+    """m3_api_key_file only where the server itself checks the key (docs/CONTRACTS.md "API keys"): a key that
+    nothing enforces would look like protection and be none."""
+    if not _v(c.ref, "m3_api_key_file"):
+        return
+    fix = ("Fix: remove m3_api_key_file and put an authenticating reverse proxy (TLS + Bearer key) in front of "
+           "the endpoint, or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")
+    if c.serving == "dynamo":
+        add("key m3_api_key_file: the Dynamo 1.6.1 frontend has no API-key option (no flag or env in "
+            "dynamo.frontend or its HTTP service; its client auth is mutual TLS only), so nothing would check the "
+            f"key. {fix}")
+        return
+    rules = catalog.engines().get(c.engine) or {}
+    if not rules.get("api_key_env"):
+        why = rules.get("api_key_refused") or f"the {c.engine} engine reads no API key from its environment"
+        add(f"key m3_api_key_file: {why}. {fix}")
 
 
 @rule(PLATFORM_RULES)

@@ -34,6 +34,11 @@ def plan_name(pyinfra_host) -> str:
     return pyinfra_host.name
 
 
+def pyinfra_host(name: str):
+    """The pyinfra host the plan calls `name` (roles acting on another host: facts, connections)."""
+    return next(h for h in state.inventory if plan_name(h) == name)
+
+
 def hosts_from_pyinfra(inv) -> list[InvHost]:
     """pyinfra's Inventory as the plan reads it: name, groups, merged data per host."""
     out = []
@@ -80,6 +85,7 @@ def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
         if not msg.startswith("$ "):  # pip's command lines stay out of pyinfra's output
             print(f"    [controller] {msg}", flush=True)
 
+    secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
     prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
     secrets.ensure_secrets(plan.name)
 

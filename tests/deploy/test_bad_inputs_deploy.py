@@ -25,6 +25,8 @@ GROUPS = {"control": ["ctl"], "workers": ["w1"], "bad": ["ctl", "w1"]}
     # a typo that would deploy the default
     ({"m3_paralel": "tp8"}, {}, ("m3_paralel", "did you mean m3_parallel?")),
     ({}, {"w1": {"m3_address": "0.0.0.0"}}, ("host w1", "m3_address", "binds every interface")),
+    # an API key that the Dynamo frontend would never check (docs/CONTRACTS.md "API keys")
+    ({"m3_api_key_file": "/etc/m3/k"}, {}, ("m3_api_key_file", "Dynamo 1.6.1 frontend has no API-key option")),
 ])
 def test_refused_before_any_operation(deploy_file, override, host_data, must):
     data = {"ctl": {**CLUSTER, **CTL, **host_data.get("ctl", {})}, "w1": {**CLUSTER, **W1, **host_data.get("w1", {})}}

@@ -350,7 +350,7 @@ def worker_services(cluster, name) -> list[Service]:
 def check_worker_units(run, cluster, config: Path):
     """Each worker rank's env file (0600, every plan env var, its secrets) and unit are rendered; the
     unit runs the plan's exact command."""
-    from roles._render import env_line
+    from m3deploy.deploy.render import env_line
     from m3deploy.controller.secrets import load_secrets
 
     store = load_secrets(cluster.plan.name)

@@ -338,8 +338,8 @@ def test_weights_shared_cache_downloads_once(fake, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     a, b = hplan("h200-01"), hplan("h200-02", address="10.0.0.12")
     run = fake(deploy_weights, cluster_plan=cplan(a, b), hosts={
-        "h200-01": {"host_data": {"m3_hf_cache_shared": True}},
-        "h200-02": {"host_data": {"m3_hf_cache_shared": True}}})
+        "h200-01": {"host_data": {"m3_weights_source": "shared"}},
+        "h200-02": {"host_data": {"m3_weights_source": "shared"}}})
     assert any(o.name.endswith("(resumable, verified)") for o in run.for_host("h200-01"))
     assert run.for_host("h200-02") == []
 

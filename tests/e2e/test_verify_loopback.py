@@ -94,7 +94,7 @@ class LoopbackStack:
         os.makedirs(f"{self.root}/logs", exist_ok=True)
 
     def _nats_conf(self, s: Service) -> str:
-        from roles._render import render
+        from m3deploy.deploy.render import render
 
         ports = {p.name: p for p in s.ports}
         text = render("nats.conf.j2", cluster=self.plan.name, service=s, client=ports["client"],

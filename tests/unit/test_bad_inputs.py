@@ -138,7 +138,7 @@ def test_control_characters_are_refused(all_data, per_host, key, host):
 
 
 def test_env_name_with_a_trailing_newline_is_refused_by_the_renderer_too():
-    from roles._render import env_line
+    from m3deploy.deploy.render import env_line
 
     with pytest.raises(M3Error):
         env_line("KEY\n", "v")
@@ -156,7 +156,7 @@ def test_every_template_field_is_one_line():
     """The choke point under validation: the renderer refuses a control character in any {{ }} field."""
     from dataclasses import replace
 
-    from roles._render import render
+    from m3deploy.deploy.render import render
 
     plan = planmod.build(hosts(), name="sim")
     svc = plan.host("ctl").service("m3-frontend")
@@ -294,7 +294,7 @@ def test_a_dns_ssh_hostname_needs_m3_address():
 
 
 def test_ipv6_is_bracketed_in_every_url_and_in_nats_conf():
-    from roles._render import render
+    from m3deploy.deploy.render import render
 
     v6 = {"ctl": {"m3_address": "fd00::1", "ssh_hostname": "fd00::1"},
           "w1": {"m3_address": "fd00::2", "ssh_hostname": "fd00::2"},
@@ -519,3 +519,43 @@ def test_secret_flags_in_extra_args_are_refused_without_the_value(args):
                                       ({}, ["--max-num-batched-tokens", "8192", "--num-speculative-tokens", "3"])])
 def test_names_merely_containing_token_or_key_are_fine(env, args):
     planmod.build(hosts(all_data={"m3_extra_env": env, "m3_extra_args": args}), name="sim")
+
+
+# ------------------------------------------------------------------ weights source (docs/WEIGHTS.md)
+@pytest.mark.parametrize("value,must", [
+    ("mirror", "is not a weights source"), ("mirror:", "is not a weights source"), ("s3", "is not a weights source"),
+    ("mirror:w12", "mirror:w12 names no host of the inventory (did you mean mirror:w2?)"),
+    ("mirror:gpu-9", "mirror:gpu-9 names no host of the inventory. Fix:"),
+    ("mirror:ctl", "the mirror ctl is not in the `workers` group"),
+])
+def test_weights_source_refused(value, must):
+    p = refused("key m3_weights_source", must, all_data={"m3_weights_source": value})
+    assert "mirror:<host>" in p or "workers group" in p
+
+
+@pytest.mark.parametrize("value", ["hub", "controller", "shared", "mirror:w2"])
+def test_weights_source_accepted(value):
+    plan = planmod.build(hosts(all_data={"m3_weights_source": value}), name="sim")
+    assert dict(plan.settings)["m3_weights_source"] == value
+
+
+def test_the_old_shared_cache_key_names_its_replacement():
+    p = refused("m3_hf_cache_shared", all_data={"m3_hf_cache_shared": True})
+    assert "did you mean m3_weights_source = 'shared'?" in p
+
+
+@pytest.mark.parametrize("data,must", [
+    ({"m3_mock_repo_mb": 300}, "Fix: also set m3_weights_source = 'controller'"),
+    ({"m3_weights_fanout": 0, "m3_weights_source": "controller"}, "m3_weights_fanout: 0 is out of range"),
+    ({"m3_weights_fanout": "wide", "m3_weights_source": "controller"}, "is not a whole number"),
+])
+def test_weights_keys_refused(data, must):
+    assert must in "\n".join(problems(all_data=data))
+
+
+def test_mock_repos_give_sim_workers_a_weights_dir():
+    plan = planmod.build(hosts(all_data={"m3_weights_source": "controller", "m3_mock_repo_mb": 300}), name="sim")
+    assert [(h.name, h.weights_dir, h.weights_gb) for h in plan.hosts] == [
+        ("ctl", "", 0), ("w1", "/var/lib/m3/hf", 1), ("w2", "/var/lib/m3/hf", 1)]
+    assert [(r.repo, r.role) for r in plan.model_repos] == [(plan.model_id, "target")]
+    assert planmod.build(hosts(), name="sim").model_repos == ()  # no mock repos: the testbed stages nothing

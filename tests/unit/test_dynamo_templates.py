@@ -5,7 +5,7 @@ import shlex
 import pytest
 
 from m3deploy.core.errors import M3Error
-from roles._render import env_line, render, service_env, systemd_arg, systemd_argv
+from m3deploy.deploy.render import env_line, render, service_env, systemd_arg, systemd_argv
 from roles._units import restart_s
 from sample_plans import gpu_worker, sim_plan
 

@@ -9,7 +9,7 @@ from m3deploy.core import settings
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [ROOT / "deploy.py", *(ROOT / "m3deploy").rglob("*.py"), *(ROOT / "roles").rglob("*.py"),
            *(ROOT / "m3deploy" / "core" / "data").rglob("*.yaml"), *(ROOT / "templates").glob("*.j2")]
-NOT_KEYS = {"m3_features_effective"}  # what the plan records, not a data key
+NOT_KEYS = {"m3_features_effective", *settings.RENAMED}  # what the plan records; replaced keys (refused)
 
 
 def test_every_key_read_is_declared():

@@ -1,7 +1,9 @@
-"""Render templates/*.j2 from plan objects (pure; roles ship the text with files.put).
+"""Render templates/*.j2 from plan objects (pure: no pyinfra, no host).
 
-Roles render here (not with pyinfra's files.template) so the unit tests render exactly what is
-shipped, with the same filters: systemd ExecStart quoting and the two env-file dialects.
+Everything the deploy writes is rendered here (not with pyinfra's files.template), through
+m3deploy.deploy.hostfiles, so the roles, `m3deploy render` and the unit tests produce exactly the same text,
+with the same filters: systemd ExecStart quoting and the two env-file dialects. The templates live in the
+pyinfra project's templates/ (beside roles/ and deploy.py), read from the checkout.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import ENV_NAME, control_chars, url_host
 from m3deploy.core.model import Service
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _SAFE_ENV = re.compile(r"^[A-Za-z0-9_@+=:,./-]*$")
@@ -90,13 +92,17 @@ def render(template: str, **context) -> str:
         raise M3Error(f"templates/{template}: {e}") from e
 
 
-def service_env(service: Service, secrets: dict[str, str]) -> str:
-    """The env file text of a service: plan env, then its secrets from the controller's store."""
+def service_env(service: Service, secrets: dict[str, str] | None) -> str:
+    """The env file text of a service: plan env, then its secrets from the controller's store.
+    secrets=None: each secret line is `KEY=<secret: NAME>` (what `m3deploy render` writes; never a value)."""
+    dialect = "docker" if service.image else "systemd"
+    if secrets is None:
+        text = render("service.env.j2", service=service, secrets=[], dialect=dialect)
+        return text + "".join(f"{k}=<secret: {s}>\n" for k, s in service.secret_env)
     missing = [s for _, s in service.secret_env if s not in secrets]
     if missing:
         raise M3Error(f"service {service.name} on {service.host} needs secret(s) {missing} that the "
                       "controller's store does not have; run the deploy again so they are generated "
                       "(m3deploy.controller.secrets.ensure_secrets)")
     return render("service.env.j2", service=service,
-                  secrets=[(k, secrets[s]) for k, s in service.secret_env],
-                  dialect="docker" if service.image else "systemd")
+                  secrets=[(k, secrets[s]) for k, s in service.secret_env], dialect=dialect)

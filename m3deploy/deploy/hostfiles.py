@@ -1,0 +1,303 @@
+"""Every file the deploy writes on a host, as pure text: the one owner of that text for the roles (which ship
+exactly what `host_files` returns) and for `m3deploy render` (which writes it into a directory for review).
+
+`host_files(cp, hp, secrets)` -> [HostFile], in deploy order: per service its 0600 env file and its unit
+(etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
+simulated engines' script, the nats-server mask (a link to /dev/null), and the host's manifest (`MANIFEST`).
+`secrets=None` masks every secret value (`KEY=<secret: NAME>`): what render writes; the roles pass the
+controller's store (m3deploy.controller.secrets).
+
+The manifest (`manifest(cp, hp)`, JSON at /etc/m3/manifest.json, written by the deploy before it changes
+anything else) lists what the deploy makes on the host: units to stop, containers, files, directories, caches,
+venvs, packages and the system user. Teardown (roles/teardown.py) removes what the host's manifest names and
+nothing else; `removal_problem` confines each entry, so a manifest edited on the host cannot widen it.
+
+No pyinfra here: render must run without it, and without any host.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from m3deploy.core import settings
+from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import teardown_path_problem
+from m3deploy.core.model import ClusterPlan, HostPlan, Service
+from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.deploy.render import render, service_env
+
+REPO = Path(__file__).resolve().parents[2]  # the pyinfra project: files/ and templates/ beside roles/
+UNIT_DIR = "/etc/systemd/system"
+ETC_DIR = "/etc/m3"
+LIB_DIR = "/usr/local/lib/m3"
+MANIFEST = f"{ETC_DIR}/manifest.json"
+MANIFEST_VERSION = 1
+M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
+M3_HOME = "/var/lib/m3"
+AUTH_SCRIPT = f"{LIB_DIR}/m3-etcd-auth.py"
+WATCHDOG = f"{LIB_DIR}/m3-watchdog.py"
+WATCHDOG_UNIT = "m3-frontend-watchdog.service"
+WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restart while etcd is away is harmless
+NATS_MASK = f"{UNIT_DIR}/nats-server.service"
+WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
+STAMP = ".m3-wheelhouse"  # in a venv artifacts.py built: the digest of the wheelhouse it came from
+PACKAGES = {"etcd": "etcd-server", "nats": "nats-server"}
+TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
+             "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2"}
+_USERS = {"etcd": "etcd", "nats": "nats"}  # created by the etcd-server / nats-server packages
+_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|m3-[A-Za-z0-9@._-]+)\.service$")
+
+
+@dataclass(frozen=True)
+class HostFile:
+    path: str
+    text: str = ""
+    mode: str = "0644"
+    user: str = "root"
+    group: str = "root"
+    secret: bool = False  # holds secret values (masked when rendered without the secrets)
+    link: str = ""  # a symbolic link to this target instead of a file
+    source: str = ""  # the project file it is a copy of (files/...)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def index(self) -> dict:
+        """Its entry in render's per-host index (no digest of a secret file: it would identify the secret)."""
+        d = {"path": self.path, "mode": self.mode, "owner": f"{self.user}:{self.group}"}
+        if self.link:
+            d["link"] = self.link
+        elif self.secret:
+            d["secret"] = True
+        else:
+            d["sha256"] = self.sha256
+        if self.source:
+            d["source"] = self.source
+        return d
+
+
+# ------------------------------------------------------------------------------------------- per service
+
+def unit_path(s: Service) -> str:
+    return f"{UNIT_DIR}/{s.unit}"
+
+
+def service_user(s: Service) -> str:
+    """The user a service's unit runs as: the package's for etcd/NATS, root for containers (docker), else m3."""
+    return _USERS.get(s.kind) or ("root" if s.image else M3_USER)
+
+
+def timeout_start_s(s: Service) -> int:
+    # systemd's start timeout only bounds ExecStartPre/notify; readiness is polled separately.
+    return (s.readiness.timeout_s if s.readiness else 300) + 30
+
+
+def stop_timeout_s(s: Service) -> int:
+    """The drain bound: how long a graceful stop (SIGTERM: unregister, grace, finish in-flight) may take."""
+    return 120 if s.image else 30
+
+
+def restart_s(s: Service) -> int:
+    """RestartSec: the serving processes come back fast (a SIGKILLed worker was routable again in 4-6 s on the
+    loaded 2-core testbed, docs/OPERATIONS.md); with StartLimitIntervalSec=0 this also paces a crash loop, which
+    systemd then never gives up on."""
+    return 1 if s.kind in ("worker", "frontend") else 2
+
+
+def etcd_auth(s: Service) -> bool:
+    return s.kind == "etcd" and any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
+
+
+def has_watchdog(s: Service) -> bool:
+    return s.kind == "frontend" and bool(s.readiness) and s.readiness.kind == "http"
+
+
+def nats_conf_path(s: Service) -> str:
+    if "-c" not in s.argv:
+        raise M3Error(f"nats on {s.host}: argv {list(s.argv)} has no `-c CONF`")
+    return s.argv[s.argv.index("-c") + 1]
+
+
+def _port(s: Service, name: str):
+    for p in s.ports:
+        if p.name == name:
+            return p
+    raise M3Error(f"service {s.name} on {s.host} has no port named {name!r} (plan.build must set it)")
+
+
+def env_file(s: Service, secrets) -> HostFile:
+    return HostFile(s.env_file, service_env(s, secrets), mode="0600", secret=bool(s.secret_env))
+
+
+def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
+    extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
+    text = render(TEMPLATES[s.kind], cluster=cp.name, service=s, user=service_user(s),
+                  timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
+                  **extra)
+    return HostFile(unit_path(s), text)
+
+
+def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
+    text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
+                  monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
+                  auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
+                  max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")))
+    return HostFile(nats_conf_path(s), text)
+
+
+def watchdog_unit(cp: ClusterPlan, s: Service) -> HostFile:
+    return HostFile(f"{UNIT_DIR}/{WATCHDOG_UNIT}",
+                    render("m3-watchdog.service.j2", cluster=cp.name, unit=s.unit, url=s.readiness.url,
+                           script=WATCHDOG, grace_s=WATCHDOG_GRACE_S))
+
+
+def project_file(source: str, dest: str, mode: str = "0755") -> HostFile:
+    """A file of the project (files/...) shipped as it is."""
+    return HostFile(dest, (REPO / source).read_text(), mode=mode, source=source)
+
+
+def auth_script() -> HostFile:
+    """ExecStartPost of etcd.service with auth: turns authentication on, creates Dynamo's user."""
+    return project_file("files/m3-etcd-auth.py", AUTH_SCRIPT)
+
+
+def watchdog_script() -> HostFile:
+    return project_file("files/m3-watchdog.py", WATCHDOG)
+
+
+def sim_engine() -> HostFile:
+    """The testbed's engines (m3deploy.core.simengine)."""
+    return project_file("files/m3-sim-engine.py", SIM_ENGINE)
+
+
+def nats_mask() -> HostFile:
+    """The package's nats-server.service masked: it would bind 0.0.0.0:4222."""
+    return HostFile(NATS_MASK, link="/dev/null")
+
+
+# ------------------------------------------------------------------------------------------- per host
+
+def uses_sim_engine(s: Service) -> bool:
+    """Native mocker/scripted engines need the script on the host; in a container the stand-in image holds it."""
+    return s.kind in ("worker", "scripted") and SIM_ENGINE in s.argv and not s.image
+
+
+def _native(hp: HostPlan) -> bool:
+    return any(s.kind in ("frontend", "worker") and not s.image for s in hp.services)
+
+
+def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
+    """Every file of the host's services, in deploy order (etcd, NATS, frontend, workers)."""
+    out: list[HostFile] = []
+    for s in hp.services:
+        if s.kind not in TEMPLATES:
+            continue
+        if etcd_auth(s):
+            out.append(auth_script())
+        if s.kind == "nats":
+            out += [nats_mask(), nats_conf(cp, s)]
+        if s is next((w for w in hp.services if uses_sim_engine(w)), None):
+            out.append(sim_engine())  # once, before the first unit that runs it
+        out += [env_file(s, secrets), unit_file(cp, s)]
+        if has_watchdog(s):
+            out += [watchdog_script(), watchdog_unit(cp, s)]
+    return out
+
+
+def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
+    """Every file the deploy writes on this host: the manifest first, then the services' files."""
+    return [manifest_file(cp, hp), *service_files(cp, hp, secrets)]
+
+
+def by_path(files: list[HostFile]) -> dict[str, HostFile]:
+    return {f.path: f for f in files}
+
+
+# ------------------------------------------------------------------------------------------- the manifest
+
+def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
+    """What the deploy makes on this host, in the order teardown removes it. Keys:
+    units (stopped and disabled), containers (removed), files (rm -f), dirs (rm -rf), caches (rm -rf unless
+    m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
+    if empty), packages (purged), users (removed)."""
+    svcs = list(reversed(hp.services))
+    frontend = [s for s in svcs if has_watchdog(s)]
+    files = [f.path for f in service_files(cp, hp, None)]
+    units = [WATCHDOG_UNIT] * bool(frontend) + [s.unit for s in svcs]
+    dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
+    caches, venvs, empty = [], [], []
+    if _native(hp) and cp.venv:
+        venvs.append(cp.venv)
+        caches.append(f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else "")
+    if cp.engine == "mocker" and any(s.kind == "worker" for s in svcs):  # native or mounted into the stand-in
+        caches.append(cp.model_dir)
+    if hp.weights_dir:
+        caches.append(hp.weights_dir)
+    if cp.venv:
+        caches.append(WHEELHOUSE_ROOT)
+        empty += [posixpath.dirname(cp.venv), posixpath.dirname(WHEELHOUSE_ROOT)]
+    users = [M3_USER] if _native(hp) else []
+    if users:
+        caches.append(M3_HOME)
+    return {"m3deploy_manifest": MANIFEST_VERSION, "cluster": cp.name, "host": hp.name,
+            "units": list(dict.fromkeys(units)),
+            "containers": [s.name.replace("@", "-") for s in svcs if s.image],
+            "files": list(dict.fromkeys([*files, MANIFEST])),
+            "dirs": list(dict.fromkeys([*dirs, ETC_DIR])),
+            "caches": list(dict.fromkeys(filter(None, caches))),
+            "venvs": venvs, "empty_dirs": list(dict.fromkeys(empty)),
+            "packages": [PACKAGES[k] for k in PACKAGES if any(s.kind == k for s in svcs)],
+            "users": users}
+
+
+def manifest_file(cp: ClusterPlan, hp: HostPlan) -> HostFile:
+    return HostFile(MANIFEST, json.dumps(manifest(cp, hp), indent=2) + "\n")
+
+
+def read_manifest(text: str, host: str) -> dict:
+    """The host's manifest as written by `manifest`, every entry checked by `removal_problem`."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise M3Error(f"host {host}: {MANIFEST} is not JSON ({e}). Fix: remove it to tear down by the plan") from e
+    if not isinstance(doc, dict) or doc.get("m3deploy_manifest") != MANIFEST_VERSION:
+        raise M3Error(f"host {host}: {MANIFEST} is not an m3deploy manifest (version {MANIFEST_VERSION}). "
+                      "Fix: remove it to tear down by the plan")
+    problems = [f"{key}: {why}" for key in ("units", "containers", "files", "dirs", "caches", "venvs",
+                                            "empty_dirs", "packages", "users")
+                for entry in doc.get(key, []) for why in [removal_problem(key, entry)] if why]
+    if problems:
+        raise M3Error(f"host {host}: {MANIFEST} names what m3 did not make, refusing to tear down: "
+                      + "; ".join(problems) + ". Fix: remove those entries (or the file, to tear down by the plan)")
+    return doc
+
+
+def removal_problem(key: str, entry) -> str:
+    """Why teardown must not remove this manifest entry ('' when m3 owns it): directories by the rule validation
+    applies to the path keys (core.inputs.teardown_path_problem), files there or in m3's fixed places (/etc/m3,
+    /usr/local/lib/m3, m3's own unit names), only m3's units, packages and user."""
+    if not isinstance(entry, str) or not entry:
+        return f"{entry!r} is not a name"
+    if key in ("dirs", "caches", "venvs", "empty_dirs"):
+        return "" if entry == ETC_DIR else teardown_path_problem(entry)
+    if key == "files":
+        if posixpath.normpath(entry) != entry:
+            return f"{entry!r} is not a normalized path"
+        parent, name = posixpath.split(entry)
+        if parent in (ETC_DIR, LIB_DIR) or (parent == UNIT_DIR and _M3_UNIT.match(name)):
+            return ""
+        return teardown_path_problem(entry)
+    if key == "units":
+        return "" if _M3_UNIT.match(entry) else f"{entry} is not one of m3's units"
+    if key == "containers":
+        return "" if re.fullmatch(r"m3-[A-Za-z0-9_.-]+", entry) else f"{entry!r} is not one of m3's containers"
+    if key == "packages":
+        return "" if entry in PACKAGES.values() else f"{entry} is not a package m3 installs"
+    if key == "users":
+        return "" if entry == M3_USER else f"{entry} is not m3's user"
+    return f"unknown key {key}"
