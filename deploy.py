@@ -63,12 +63,14 @@ if plan.state == "absent":
     teardown()
 else:
     preflight()
+    containers = any(s.image for s in hp.services)  # GPU engines; mocker workers with m3_runtime=docker
     if hp.gpus:
         deploy_drivers()
+    if hp.gpus or containers:
         deploy_runtime()
     write_manifest()  # what teardown removes (/etc/m3/manifest.json), before anything it names is made
     deploy_artifacts()
-    if hp.gpus:
+    if hp.gpus or containers:
         deploy_images()
     if hp.weights_dir:  # GPU hosts; testbed hosts when the plan stages mock repos (m3_mock_repo_mb)
         deploy_weights()

@@ -35,6 +35,8 @@ def _host(h):
         "ssh_strict_host_key_checking": "yes",
         "m3_address": h["address"],
         "m3_interface": "eth0",
+        # m3_runtime=docker: the stand-in engine image is built from the hosts' own root filesystem
+        **({"m3_sim_image_rootfs": _state["image"]} if _state.get("image") else {}),
     })
 
 

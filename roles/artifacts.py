@@ -36,6 +36,7 @@ def _remote_manifest_digest(d: str) -> str:
 def deploy_artifacts():
     cp, hp = u.plans()
     native = [s for s in hp.services if s.kind in ("frontend", "worker") and not s.image]
+    _ship_mock_model(cp, hp)
     if not native:
         host.noop("no native Dynamo process on this host: no venv needed")
         return
@@ -76,8 +77,10 @@ def deploy_artifacts():
     else:
         host.noop(f"{venv} is built from this wheelhouse")
 
-    mockers = [s for s in native if s.kind == "worker" and cp.engine == "mocker"]
-    if mockers:
+
+def _ship_mock_model(cp, hp):
+    """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir."""
+    if any(s.kind == "worker" for s in hp.services) and cp.engine == "mocker":
         if not cp.model_dir:
             raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: <m3_state_dir>/models/mock-minimax-m3)")
         model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)

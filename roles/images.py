@@ -13,7 +13,9 @@ Reads host_plan().services[].image / .base_image, cluster_plan().dynamo_version.
   (a digest reference is immutable and never re-pulled), so a moved `:nightly` is noticed; the deploy record
   (roles/record.py) then holds the digest each container runs.
 - m3_image_archive_dir: a controller directory holding `<image as file name>.tar` (made by
-  `m3deploy save-images INVENTORY DIR`); when set, hosts never pull.
+  `m3deploy save-images INVENTORY DIR`); when set, hosts never pull. An image the host has is loaded again when the
+  archive holds another image id (a moved tag, a rebuilt stand-in image): the workers running it restart
+  (`image_changed`, read by roles/workers.py), the others stay.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from m3deploy.core.errors import M3Error
 REMOTE_DIR = "/var/lib/m3/images"
 
 
-from m3deploy.controller.images import image_archive_name  # noqa: E402  (one naming rule for save and load)
+from m3deploy.controller.images import archive_image_id, image_archive_name  # noqa: E402  (one rule for save and load)
 
 
 DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
@@ -45,19 +47,31 @@ LABEL io.m3deploy.base-image="{base}" io.m3deploy.dynamo-version="{version}"
 """
 
 
-def _get(image: str, archive_dir):
-    """Pull `image`, or load it from the controller's `docker save` archive (air-gapped)."""
-    if not archive_dir:
-        server.shell(name=f"Pull {image}", commands=[f"docker pull {shlex.quote(image)}"])
-        return
+_changed: dict[tuple[str, str], object] = {}  # (host, image) -> the op that pulled/loaded/built it on this run
+
+
+def image_changed(image: str):
+    """The op that put `image` on this host in this run (None: the host kept the image it had)."""
+    return _changed.get((host.name, image))
+
+
+def _archive(image: str, archive_dir) -> Path:
     tar = Path(archive_dir).expanduser() / image_archive_name(image)
     if not tar.is_file():
         raise M3Error(f"host {host.name}: image {image}: {tar} is missing on the controller "
                       f"(m3_image_archive_dir). Fix: m3deploy save-images INVENTORY {archive_dir}")
+    return tar
+
+
+def _get(image: str, archive_dir):
+    """Pull `image`, or load it from the controller's `docker save` archive (air-gapped)."""
+    if not archive_dir:
+        return server.shell(name=f"Pull {image}", commands=[f"docker pull {shlex.quote(image)}"])
+    tar = _archive(image, archive_dir)
     remote = f"{REMOTE_DIR}/{tar.name}"
     files.put(name=f"Upload {tar.name}", src=str(tar), dest=remote, mode="600", create_remote_dir=True)
-    server.shell(name=f"Load {image}", commands=[f"docker load -i {shlex.quote(remote)}",
-                                                 f"rm -f {shlex.quote(remote)}"])
+    return server.shell(name=f"Load {image}", commands=[f"docker load -i {shlex.quote(remote)}",
+                                                        f"rm -f {shlex.quote(remote)}"])
 
 
 def _build(svc, version: str, archive_dir):
@@ -75,7 +89,7 @@ def _build(svc, version: str, archive_dir):
     engine = svc.argv[2].split(".", 1)[1] if len(svc.argv) > 2 and svc.argv[2].startswith("dynamo.") else "vllm"
     files.put(name=f"Render {remote}/Dockerfile", dest=f"{remote}/Dockerfile", mode="0644",
               src=StringIO(DOCKERFILE.format(base=svc.base_image, version=version, engine=engine)))
-    server.shell(name=f"Build {svc.image} (offline, FROM {svc.base_image})", commands=[
+    return server.shell(name=f"Build {svc.image} (offline, FROM {svc.base_image})", commands=[
         f"docker build --network none -t {shlex.quote(svc.image)} {shlex.quote(remote)}",
         f"rm -rf {shlex.quote(remote)}"])
 
@@ -96,9 +110,14 @@ def deploy_images():
     always = settings.get(host.data, "m3_image_pull") == "always" and not archive_dir
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         pull = always and "@sha256:" not in image and image not in built
-        if host.get_fact(F.DockerImage, image=image)["present"] and not pull:
+        have = host.get_fact(F.DockerImage, image=image)
+        if archive_dir and have["present"] and image not in built:  # the archive may hold a moved tag
+            pull = archive_image_id(_archive(image, archive_dir)) != have["id"]
+        if have["present"] and not pull:
             continue
         if image in built:
-            _build(built[image], context.cluster_plan().dynamo_version, archive_dir)
+            _changed[(host.name, image)] = _build(built[image], context.cluster_plan().dynamo_version, archive_dir)
             continue
-        _get(image, archive_dir)
+        op = _get(image, archive_dir)
+        if archive_dir or not have["present"]:  # new here, or another id from the archive (an `always` pull of a
+            _changed[(host.name, image)] = op   # tag cannot tell at plan time; the deploy record has its digest)

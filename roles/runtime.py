@@ -1,4 +1,5 @@
-"""Container runtime on hosts that run containers: Docker engine, and on NVIDIA GPU hosts the NVIDIA
+"""Container runtime on hosts that run containers: Docker engine from the distribution's packages (GPU hosts: the
+supported Ubuntu releases; the testbed's Debian hosts with m3_runtime=docker: Debian's docker.io), and on NVIDIA GPU hosts the NVIDIA
 Container Toolkit with docker's nvidia runtime (`nvidia-ctk runtime configure --runtime=docker`, only
 when /etc/docker/daemon.json lacks it) and GPU persistence mode. Skips what is already right.
 
@@ -27,7 +28,8 @@ def deploy_runtime():
     docker = host.get_fact(F.DockerInfo)
     services = host.get_fact(F.GpuServices)
     if not docker["present"]:
-        _gpu.require_ubuntu("install docker")
+        if hp.gpus > 0:  # GPU hosts: the OSes the GPU roles support; else (the testbed) the distribution's docker.io
+            _gpu.require_ubuntu("install docker")
         apt.packages(name="Install the Docker engine", packages=settings.get(host.data, "m3_docker_packages"),
                      update=True, cache_time=3600, extra_install_args=_gpu.APT_LOCK)
     st = services.get("docker") or {}

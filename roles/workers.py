@@ -7,7 +7,8 @@ rank; kind "scripted" (the mocker cluster's tool-call engine) the same way. Mock
 files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. Settings m3_rollout,
 m3_rollout_max_unavailable: only the units whose unit file or env file (or that script) changed are restarted:
 one engine instance at a time by roles/_rollout.py (m3_rollout="rolling", the default), or here, per host, all
-at once (`_if=op.did_change`, m3_rollout="all-at-once").
+at once (`_if=op.did_change`, m3_rollout="all-at-once"). A container worker also restarts when roles/images.py put a
+new image under its image's name on the host in this run (`image_changed`).
 Native workers run as system user m3; container workers as root (docker).
 """
 from pyinfra.api import deploy
@@ -18,6 +19,7 @@ from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import hostfiles
 from roles import _rollout, _units as u
+from roles.images import image_changed
 
 
 def _wait_registered(cp, heads, timeout_s):
@@ -35,12 +37,13 @@ def deploy_workers():
     if any(not s.image for s in workers):
         u.ensure_m3_user()
     sim = []
-    if any(hostfiles.uses_sim_engine(s) for s in workers):  # the mocker and scripted engines (core.simengine)
-        sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))
+    if any(hostfiles.uses_sim_engine(s) for s in workers):  # native mocker/scripted engines (core.simengine); in a
+        sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))  # container the stand-in image holds it
     for s in workers:
         u.ensure_workdir(s, hostfiles.service_user(s))
         unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
-        changed = u.changes(s, unit_op, env_op, *sim)
+        # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
+        changed = u.changes(s, unit_op, env_op, *sim, *filter(None, [s.image and image_changed(s.image)]))
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
         # has its files; the scripted test engine is no planned worker and restarts here
         roll = rolling and s.kind == "worker"

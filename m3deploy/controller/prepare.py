@@ -20,11 +20,12 @@ from typing import Any, Callable, Mapping
 from m3deploy.controller import artifacts
 from m3deploy.core import catalog, settings
 from m3deploy.core.errors import M3Error
+from m3deploy.core.simengine import SIM_IMAGE
 
 
 @dataclass(frozen=True)
 class Need:
-    kind: str  # "wheelhouse" | "mock-model" | "image-archive"
+    kind: str  # "wheelhouse" | "mock-model" | "sim-image" | "image-archive"
     label: str  # what a person reads
     hosts: tuple[str, ...]  # which hosts need it
     version: str = ""
@@ -32,6 +33,8 @@ class Need:
     served_name: str = ""
     image: str = ""
     archive_dir: str = ""
+    rootfs: str = ""
+    venv: str = ""
 
 
 def container_target(platform: str, data: Mapping[str, Any], platforms=None) -> artifacts.Target:
@@ -51,13 +54,16 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
     wheel: dict[artifacts.Target, list[str]] = {}
     archives: dict[tuple[str, str], list[str]] = {}
     mocker: list[str] = []
+    sim: dict[tuple[str, str], list[str]] = {}
     for h in plan.hosts:
         data = data_of(h.name) or {}
         for s in h.services:
             if s.kind in ("frontend", "worker") and not s.image:
                 wheel.setdefault(artifacts.HOSTS, []).append(h.name)
-                if s.kind == "worker" and plan.engine == "mocker":
-                    mocker.append(h.name)
+            if s.kind == "worker" and plan.engine == "mocker":
+                mocker.append(h.name)
+            if s.image and s.image.startswith(SIM_IMAGE + ":"):
+                sim.setdefault((s.image, str(settings.get(data, "m3_sim_image_rootfs") or "")), []).append(h.name)
             if s.image and s.base_image:
                 target = container_target(h.platform, data, platforms)
                 wheel.setdefault(target, []).append(h.name)
@@ -79,6 +85,9 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
         name = plan.served_model_name or mockmodel.NAME
         out.append(Need("mock-model", f"mock model {name!r} (tokenizer only)", tuple(dict.fromkeys(mocker)),
                         served_name=name))
+    for (image, rootfs), hosts in sim.items():
+        out.append(Need("sim-image", f"stand-in engine image {image} (docker, on the controller)",
+                        tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs, venv=plan.venv))
     for (image, archive_dir), hosts in archives.items():
         out.append(Need("image-archive", f"docker save archive of {image}", tuple(dict.fromkeys(hosts)),
                         image=image, archive_dir=archive_dir))
@@ -103,6 +112,11 @@ def check(need: Need) -> tuple[Path | None, list[str]]:
 
         d = mockmodel.cached_model_dir(need.served_name)
         return d, ([] if d else ["not built"])
+    if need.kind == "sim-image":
+        from m3deploy.controller import simimage
+
+        ok = simimage.is_current(need.image, need.rootfs, need.version, need.venv)
+        return None, ([] if ok else [f"{need.image}: not built from its current inputs"])
     tar = _archive(need)
     return tar, ([] if tar.is_file() else [f"{tar}: missing (m3deploy save-images INVENTORY {need.archive_dir})"])
 
@@ -115,7 +129,16 @@ def ensure(need: Need, log=None, source: str | None = None, save_images: bool = 
         from m3deploy.controller import mockmodel
 
         return mockmodel.ensure_model_dir(need.served_name)
+    if need.kind == "sim-image":
+        from m3deploy.controller import simimage
+
+        simimage.ensure(need.image, need.rootfs, need.version, need.venv, log=log)
+        return Path(need.rootfs)
     tar = _archive(need)
+    if need.image.startswith(SIM_IMAGE + ":"):  # built here (the sim-image need, before): saved again when rebuilt
+        from m3deploy.controller import images
+
+        images.save([need.image], tar.parent, log=log or (lambda m: None))
     if not tar.is_file():
         if not save_images:
             raise M3Error(f"hosts {list(need.hosts)}: image {need.image}: {tar} is missing on the controller "

@@ -356,7 +356,7 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
     http_port = int(s["m3_worker_port"]) + slot
     sizes = sorted(set(int(x) for x in s["m3_cudagraph_capture_sizes"]) | {256, 512, 1024, 2048})
     ctx = {
-        "engine": engine, "serving": serving, "vendor": info["vendor"], "generation": info["generation"],
+        "engine": engine, "serving": serving, "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
         "platform": platform, "variant": s["m3_variant"], "parallel": str(s["m3_parallel"]), "ep": ep,
         "dp_mode": mode == "dp", "multi_host": nnodes > 1, "features": features,
         "tp": size, "dp": size, "address": address, "kv_events_port": kv_port,
@@ -396,8 +396,12 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
     timeout = int(s["m3_readiness_timeout_s"] or r.readiness_timeout_s)
     if engine == "mocker":
         timeout += int(s["m3_mocker_startup_time"] or 0)
+    # mocker workers run in the stand-in engine image with m3_runtime=docker (m3_image overrides it)
+    sim_image = engine == "mocker" and s["m3_runtime"] == "docker"
+    image = (r.image or simengine.sim_image(str(s["m3_dynamo_version"]))) if sim_image else \
+        (r.image if engine != "mocker" else None)
     if serving == "dynamo":
-        whome = f"{home}/m3-worker@{slot}" if engine == "mocker" else "/root"
+        whome = f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "/root"
         plan_env += _dynamo_env(address, etcd, nats, whome, bool(s["m3_auth"]))
         plan_env += [("DYN_SYSTEM_PORT", str(sys_port)),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
@@ -436,7 +440,6 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             r.set_arg(flag, _fill(value, fill), "plan", PL)
 
     docker: list[str] = []
-    image = r.image if engine != "mocker" else None
     if image:
         docker = list(r.docker)
         if info["vendor"] == "nvidia":
@@ -444,8 +447,10 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             sel = "all" if len(devices) >= gpus_total else '"device=' + ",".join(map(str, devices)) + '"'
             docker += ["--gpus", sel]
         docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]
+        if engine == "mocker":  # the mock model the controller ships to the host, at the path its argv names
+            docker += ["-v", f"{model_dir}:{model_dir}:ro"]
     base_image = None
-    if image and serving == "dynamo":
+    if image and serving == "dynamo" and not sim_image:  # the stand-in holds the Dynamo venv already
         # Dynamo runs inside the engine image: the images role builds this image on the host, offline, FROM the
         # engine image plus the shipped ai-dynamo wheels (the GB200 lane pip-installs ai-dynamo into vLLM's image).
         base_image = image
@@ -460,6 +465,6 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
         after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
-        env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" else "",
+        env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "",
         worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
         provenance=r.provenance_records())

@@ -144,6 +144,10 @@ _KEYS = (
         check="version"),
     Key("m3_image_pull", str, "missing", "'missing': pull an image the host lacks; 'always': pull tags every deploy "
         "(digest references never change)", True, values=("missing", "always")),
+    Key("m3_runtime", str, "native", "mocker workers: 'native' (the Dynamo venv) or 'docker' (the stand-in engine "
+        "image, `docker run` as GPU workers)", True, values=("native", "docker")),
+    Key("m3_sim_image_rootfs", str, None, "m3_runtime=docker: controller directory of the stand-in image's root "
+        "filesystem (inventories/testbed.py: the testbed's image)"),
     Key("m3_image_archive_dir", str, None, "controller directory of `docker save` archives (m3deploy save-images)"),
     Key("m3_hf_token_file", str, None, "controller path of a 0600 HF token (else HF_TOKEN from the environment)"),
     Key("m3_api_key_file", str, None, "controller path of a 0600 file holding the API key every client must send "

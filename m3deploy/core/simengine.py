@@ -17,9 +17,16 @@ from m3deploy.core.model import ClusterPlan, Port, Readiness, Service
 
 # shipped by roles/workers.py from files/m3-sim-engine.py; the mocker's launch in data/engines.yaml runs it
 SIM_ENGINE = "/usr/local/lib/m3/m3-sim-engine.py"
+# m3_runtime=docker: the stand-in engine image (built on the controller by m3deploy.controller.simimage from the
+# testbed's rootfs + the Dynamo venv + this script); it declares vLLM's ENTRYPOINT ["vllm", "serve"]
+SIM_IMAGE = "m3deploy/sim-engine"
 SCRIPTED = "m3-scripted"
 SCRIPTED_SUFFIX = "-scripted"
 PARSER_FLAGS = ("--dyn-reasoning-parser", "--dyn-tool-call-parser")
+
+
+def sim_image(dynamo_version: str) -> str:
+    return f"{SIM_IMAGE}:{dynamo_version}"
 
 
 def _flag(argv: tuple[str, ...], flag: str) -> str | None:
@@ -37,12 +44,12 @@ def scripted_service(worker: Service, port: int, model_dir: str, served: str, ho
             argv += (flag, value)
     address = next(p.address for p in worker.ports if p.name == "system")
     env = dict(worker.env)
-    env.update(HOME=f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
+    env.update(HOME="/root" if worker.image else f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
     return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),
                    ports=(Port("system", port, address),),
                    readiness=Readiness(kind="http", url=f"http://{url_host(address)}:{port}/health",
                                        timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
-                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir=f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
+                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
                    devices=(), provenance=())
 
 

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from m3deploy.controller.images import built_here
 from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import teardown_path_problem
@@ -36,7 +37,8 @@ ETC_DIR = "/etc/m3"
 LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
-MANIFEST_KEYS = ("units", "containers", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
+_IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?")
+MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
@@ -189,7 +191,8 @@ def nats_mask() -> HostFile:
 # ------------------------------------------------------------------------------------------- per host
 
 def uses_sim_engine(s: Service) -> bool:
-    return s.kind in ("worker", "scripted") and SIM_ENGINE in s.argv
+    """Native mocker/scripted engines need the script on the host; in a container the stand-in image holds it."""
+    return s.kind in ("worker", "scripted") and SIM_ENGINE in s.argv and not s.image
 
 
 def _native(hp: HostPlan) -> bool:
@@ -223,7 +226,7 @@ def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
 
 def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     """What the deploy makes on this host, in the order teardown removes it. Keys:
-    units (stopped and disabled), containers (removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
+    units (stopped and disabled), containers (removed), images (m3deploy's own, removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
     unless m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
     if empty), packages (purged), users (removed)."""
     svcs = list(reversed(hp.services))
@@ -233,11 +236,11 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
     dirs += [ROLLBACK_DIR] * any(s.kind == "worker" for s in svcs)  # secrets (env files) kept for a roll back
     caches, venvs, empty = [], [], []
-    if _native(hp) and cp.venv:  # roles/artifacts.py: the wheelhouse, the venv built from it, the mock model
+    if cp.engine == "mocker" and any(s.kind == "worker" for s in svcs):  # native, or mounted into the stand-in
+        caches.append(cp.model_dir)
+    if _native(hp) and cp.venv:  # roles/artifacts.py: the wheelhouse and the venv built from it
         venvs.append(cp.venv)
         caches.append(f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}" if cp.dynamo_version else "")
-        if cp.engine == "mocker":
-            caches.append(cp.model_dir)
         caches.append(WHEELHOUSE_ROOT)
         empty += [posixpath.dirname(cp.venv), posixpath.dirname(WHEELHOUSE_ROOT)]
     if hp.weights_dir:
@@ -248,6 +251,9 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     return {"m3deploy_manifest": MANIFEST_VERSION, "cluster": cp.name, "host": hp.name,
             "units": list(dict.fromkeys(units)),
             "containers": [s.name.replace("@", "-") for s in svcs if s.image],
+            # the images m3deploy made (the stand-in engine image, Dynamo worker images built on the host); a vendor
+            # image stays: the host may share it, and it is tens of GB to fetch again
+            "images": list(dict.fromkeys(s.image for s in svcs if s.image and built_here(s.image))),
             "files": list(dict.fromkeys([*files, MANIFEST])), "links": links,
             "dirs": list(dict.fromkeys([*dirs, ETC_DIR])),
             "caches": list(dict.fromkeys(filter(None, caches))),
@@ -299,6 +305,8 @@ def removal_problem(key: str, entry) -> str:
         return "" if _M3_UNIT.match(entry) else f"{entry} is not one of m3's units"
     if key == "containers":
         return "" if re.fullmatch(r"m3-[A-Za-z0-9_.-]+", entry) else f"{entry!r} is not one of m3's containers"
+    if key == "images":
+        return "" if built_here(entry) and _IMAGE_REF.fullmatch(entry) else f"{entry!r} is not an image m3deploy built"
     if key == "packages":
         return "" if entry in PACKAGES.values() else f"{entry} is not a package m3 installs"
     if key == "users":

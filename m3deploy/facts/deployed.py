@@ -22,7 +22,7 @@ def container_name(service_name: str) -> str:
 
 def probe_command(containers: dict[str, str], repos: list[str], hub: str = "", venv: str = "") -> str:
     """containers: {service name: image}; repos: ORG/NAME; hub: the host's HF hub cache dir."""
-    fmt = shlex.quote('{{.Id}}|{{join .RepoDigests ","}}|{{index .Config.Labels "' + DYNAMO_LABEL + '"}}')
+    fmt = shlex.quote('{{.Id}}|{{range .RepoDigests}}{{.}},{{end}}|{{index .Config.Labels "' + DYNAMO_LABEL + '"}}')
     parts = [f"echo '{MARK}driver'", "cat /proc/driver/nvidia/version 2>/dev/null",
              "(nvidia-smi 2>/dev/null | grep -m1 'CUDA Version')",
              f"echo '{MARK}rocm'", "cat /opt/rocm/.info/version 2>/dev/null"]

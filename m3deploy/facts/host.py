@@ -278,7 +278,7 @@ class DockerImage(_M3Fact):
     """Whether IMAGE (a tag or a digest reference) is in the host's docker image store."""
 
     def command(self, image):
-        fmt = shlex.quote('{{.Id}} {{join .RepoDigests ","}}')
+        fmt = shlex.quote('{{.Id}} {{range .RepoDigests}}{{.}},{{end}}')
         return (f"(command -v docker >/dev/null 2>&1 && docker image inspect --format {fmt} "
                 f"{shlex.quote(image)} 2>/dev/null) || true")
 

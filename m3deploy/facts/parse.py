@@ -420,7 +420,7 @@ def parse_kv(text: str) -> dict[str, str]:
 
 
 def parse_docker_image(text: str) -> dict[str, Any]:
-    """`docker image inspect --format '{{.Id}} {{join .RepoDigests ","}}' IMAGE` -> {"present", "id", "digests"}."""
+    """`docker image inspect --format '{{.Id}} {{range .RepoDigests}}{{.}},{{end}}' IMAGE` -> {"present", "id", "digests"}."""
     for line in text.splitlines():
         cells = line.split()
         if cells and cells[0].startswith("sha256:"):

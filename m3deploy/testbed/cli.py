@@ -39,10 +39,13 @@ def testbed():
 @click.option("--install-deps", is_flag=True,
               help=f"apt-get install {' '.join(C.HOST_DEPS)} first when missing.")
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for hosts to answer SSH.")
-def up(n, name, subnet, install_deps, timeout):
+@click.option("--docker", is_flag=True, help="Hosts that can run dockerd (m3_runtime=docker; fixed once the "
+              "testbed exists; docs/TESTBED.md).")
+def up(n, name, subnet, install_deps, timeout, docker):
     """Bring up (at least) N hosts. Idempotent: again = no change; a larger N adds hosts."""
     try:
-        core.up(n, name=name, subnet=subnet, install_deps=install_deps, timeout=timeout, log=_echo)
+        core.up(n, name=name, subnet=subnet, install_deps=install_deps, timeout=timeout,
+                options=("docker",) if docker else (), log=_echo)
     except M3Error as exc:
         _fail(exc)
 

@@ -46,6 +46,41 @@ TOOLS = {  # executable -> Debian package
 }
 
 MAX_HOSTS = 200
+
+# Host options (`up --docker`), fixed once the testbed exists. "docker": a container engine (Debian's docker.io,
+# installed by the deploy's runtime role) can run inside the hosts. Measured on Debian 12 / systemd 252, hybrid
+# cgroups: without each piece dockerd or `docker run` fails (docs/TESTBED.md "Docker inside the hosts").
+HOST_OPTIONS = ("docker",)
+DOCKER_NSPAWN_ENV = {
+    # the host gets its own cgroup v2 tree (delegated by nspawn): runc cannot create cgroups in the v1
+    # controllers nspawn mounts read-only ("mkdir /sys/fs/cgroup/cpuset/docker: read-only file system")
+    "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1",
+    # /proc/sys/net writable (the host has its own network namespace): dockerd sets ip_forward at start
+    "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network",
+}
+
+
+def nspawn_options(options, host_dir: str) -> tuple[list[str], dict[str, str]]:
+    """(extra systemd-nspawn arguments, extra environment of nspawn) for a host of a testbed with `options`."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    if "docker" in options:
+        args += [
+            "--capability=CAP_NET_ADMIN",          # iptables in the host's own network namespace (docker's NAT chain)
+            "--system-call-filter=@keyring",       # runc: "unable to create session key: operation not permitted"
+            "--system-call-filter=bpf",            # runc's cgroup v2 device filter
+            # overlay2 cannot stack on the host's overlay root ("failed to mount overlay: invalid argument")
+            f"--bind={os.path.join(host_dir, 'docker')}:/var/lib/docker",
+        ]
+        env.update(DOCKER_NSPAWN_ENV)
+    return args, env
+
+
+def check_options(options) -> tuple[str, ...]:
+    bad = [o for o in options if o not in HOST_OPTIONS]
+    if bad:
+        raise M3Error(f"unknown testbed host option(s) {bad}; known: {list(HOST_OPTIONS)}")
+    return tuple(sorted(set(options)))
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 
 FIX_UP = "run `m3deploy testbed up 3`"

@@ -435,8 +435,11 @@ def _seed_upper(p: C.Paths, host: str, address: str, bridge_ip: str) -> str:
     return mid
 
 
-def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str) -> int:
+def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str, options=()) -> int:
     hd = p.host_dir(host)
+    extra_args, extra_env = C.nspawn_options(options, hd)
+    if "docker" in options:
+        os.makedirs(os.path.join(hd, "docker"), mode=0o710, exist_ok=True)
     upper, work, merged = (os.path.join(hd, d) for d in ("upper", "work", "merged"))
     for d in (work, merged):
         os.makedirs(d, exist_ok=True)
@@ -447,13 +450,13 @@ def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str) -> 
     nspawn = ["systemd-nspawn", "--quiet", "--boot", "--register=no", "--keep-unit",
               "--console=passive", "--link-journal=no", "-D", merged, "-M", host, f"--hostname={host}",
               f"--uuid={mid}", "--resolv-conf=off", "--timezone=off",
-              f"--network-namespace-path=/run/netns/{ns}"]
+              f"--network-namespace-path=/run/netns/{ns}", *extra_args]
     mount = ["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir={image},upperdir={upper},workdir={work}", merged]
     inner = f"{shlex.join(mount)} && exec {shlex.join(nspawn)}"
     script = "".join(f"echo $$ > {shlex.quote(pr)} && " for pr in procs) + \
         f"exec unshare --mount --propagation private /bin/sh -c {shlex.quote(inner)}"
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_NSPAWN_LOCK": "0", "LANG": "C.UTF-8"}
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_NSPAWN_LOCK": "0", "LANG": "C.UTF-8", **extra_env}
     with open(os.path.join(hd, "console.log"), "ab") as out:
         proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
@@ -484,7 +487,7 @@ def _console_tail(p: C.Paths, host: str, n: int = 2000) -> str:
 # ------------------------------------------------------------------ up
 
 def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_deps: bool = False,
-       include=None, timeout: float = 90.0, log=print) -> dict:
+       include=None, timeout: float = 90.0, options=(), log=print) -> dict:
     """Bring testbed `name` to at least `n` running hosts. Idempotent. Returns the state."""
     C.check_name(name)
     C.check_count(n)
@@ -504,6 +507,11 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
         C.parse_subnet(subnet)
         C.host_address(subnet, n)  # fits?
         include = tuple(old["include"]) if old else tuple(include or C.BASE_INCLUDE)
+        options = C.check_options(options)
+        if old and options and tuple(old.get("options", ())) != options:
+            raise M3Error(f"testbed {name!r} was made with host options {old.get('options', [])}, not "
+                          f"{list(options)}. Fix: `m3deploy testbed down --name {name}` first, or leave them out")
+        options = tuple(old.get("options", ())) if old else options
         changes: list[str] = []
         hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=C.bridge_name(name))
         if hits:  # before anything is made
@@ -558,7 +566,7 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
                     _kill(stray, signal.SIGKILL)
                     _wait_gone(stray, 5)
                 mid = _seed_upper(p, host, addr, bridge_ip)
-                h["pid"] = _launch(p, name, host, ns, image, mid)
+                h["pid"] = _launch(p, name, host, ns, image, mid, options)
                 h["machine_id"] = mid
                 launched.append(h)
                 changes.append(f"host {host}")
@@ -608,6 +616,7 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
             "bridge": {"name": br, "address": bridge_ip},
             "image": image,
             "include": list(include),
+            "options": list(options),
             "apt_proxy": proxy,
             "ssh": {"private_key": p.key, "public_key": p.pubkey, "known_hosts": p.known_hosts,
                     "ssh_config": p.ssh_config, "control_dir": p.control_dir, "user": "root"},
