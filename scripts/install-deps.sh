@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "scripts/install-deps.sh: run as root (the testbed needs network namespaces)" >&2; exit 1; fi
-pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates)
+# rsync: the controller's weights push (m3_weights_source=controller); docker.io: the stand-in engine image and
+# tests/e2e/test_docker_runtime.py (which runs its own dockerd on a private socket)
+pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates
+      rsync docker.io)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -17,6 +20,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
     pkill -x "${svc%-server}" >/dev/null 2>&1 || true
   done
+  # the distribution's dockerd (default bridge and iptables rules) would cut the testbeds' bridges
+  systemctl disable --now docker.service docker.socket >/dev/null 2>&1 || true
 fi
 echo "== pip install -e . (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra, matplotlib)"
 python3 -m pip install -q --disable-pip-version-check -e ".[mocker,bench]"

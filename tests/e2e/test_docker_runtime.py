@@ -6,8 +6,8 @@ image through the GPU workers' `docker run --entrypoint` line (m3deploy/core/bui
 
 The controller needs docker: the module starts its own dockerd on a private socket (DOCKER_HOST), with
 `--iptables=false --bridge=none --ip-forward=false --ip-masq=false` so the machine's networking (the testbeds'
-bridges) is left alone, and a kept data root (/var/lib/m3deploy/e2e-docker) so the stand-in image is built once per
-machine. The image is shipped the air-gapped way: `m3deploy save-images` -> `m3_image_archive_dir` -> `docker load`.
+bridges) is left alone, and its own data root ($M3DEPLOY_CACHE/e2e-docker: cold in CI; else /var/lib/m3deploy/e2e-docker, kept, so the
+stand-in image is built once per machine). The image is shipped the air-gapped way: `m3deploy save-images` -> `m3_image_archive_dir` -> `docker load`.
 
 In order:
 1. the stand-in declares vLLM's ENTRYPOINT: the same run without `--entrypoint` fails (vllm-project/vllm
@@ -42,7 +42,9 @@ STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
 INVENTORY = "inventories/testbed.py"
 IMAGE = "m3deploy/sim-engine:1.6.1"
 VENV_PY = "/opt/m3/dynamo-1.6.1/bin/python"
-DOCKER_ROOT = "/var/lib/m3deploy/e2e-docker"  # kept: the stand-in image is built once per machine
+# under the controller cache when one is given (CI: cold, so the stand-in image is built from nothing), else kept
+# in /var/lib/m3deploy so a developer's re-run finds the image built
+DOCKER_ROOT = os.path.join(os.environ.get("M3DEPLOY_CACHE") or "/var/lib/m3deploy", "e2e-docker")
 DOCKER_RUN = f"/run/m3deploy-e2e-docker"
 DOCKER_HOST = f"unix://{DOCKER_RUN}/docker.sock"
 ARCHIVES = f"{DOCKER_ROOT}-archives"
