@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "scripts/install-deps.sh: run as root (the testbed needs network namespaces)" >&2; exit 1; fi
 # rsync: the controller's weights push (m3_weights_source=controller); docker.io: the stand-in engine image and
-# tests/e2e/test_docker_runtime.py (which runs its own dockerd on a private socket)
+# tests/e2e/test_docker_runtime_testbed.py (which runs its own dockerd on a private socket)
 pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates
       rsync docker.io)
 missing=()

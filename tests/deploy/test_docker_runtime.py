@@ -1,6 +1,6 @@
 """`m3_runtime=docker` on the testbed inventory, through pyinfra's @fake connector: the roles a GPU worker goes
 through (runtime, images, workers, teardown) with the mocker in the stand-in engine image. Run for real by
-tests/e2e/test_docker_runtime.py."""
+tests/e2e/test_docker_runtime_testbed.py."""
 from __future__ import annotations
 
 import io

@@ -43,7 +43,7 @@ def test_controller_tree_rounds_commands_and_keys(fake, env):
     run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
     rounds = {n: [o for o in run.for_host(n) if o.name.startswith("Model weights | Weights round")] for n in NAMES}
     # ceil(log2(4 + 1)): one op per round on every host, from one call site (under pyinfra's CLI that makes it
-    # one op of every host, finished everywhere before the next round: tests/e2e/test_weights_fanout.py)
+    # one op of every host, finished everywhere before the next round: tests/e2e/test_weights_fanout_testbed.py)
     assert all([o.name.split(" | ")[-1].split(":")[0] for o in r] == [f"Weights round {i}/3" for i in (1, 2, 3)]
                for r in rounds.values())
 

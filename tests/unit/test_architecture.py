@@ -59,3 +59,13 @@ def test_no_product_module_knows_the_fake_connector():
 def test_import_contracts():
     r = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_test_file_basenames_are_unique():
+    """tests/ has no __init__.py, so pytest (rootdir-relative, "prepend" import mode) imports each test file as a
+    top-level module named by its basename: two `test_x.py` in different folders stop the whole run at collection
+    ("import file mismatch"), in CI after every unit test passed. It happened twice; caught here in a second."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}

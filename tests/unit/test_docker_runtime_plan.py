@@ -1,6 +1,6 @@
 """`m3_runtime=docker` in the plan (the mocker through the GPU workers' `docker run --entrypoint` line), the
 testbed's `--docker` host options and the archive image id that decides a reload. Run for real by
-tests/e2e/test_docker_runtime.py."""
+tests/e2e/test_docker_runtime_testbed.py."""
 from __future__ import annotations
 
 import io
