@@ -46,14 +46,14 @@ def _parsers(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def _resolve_one(repo: str, revision: str, role: str) -> str:
     """The local snapshot directory of `repo` at `revision`, from the HF cache only (never the network)."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
     try:
         path = snapshot_download(repo, revision=revision, local_files_only=True)
     except Exception as e:  # LocalEntryNotFoundError (not in the cache), or a broken snapshot
         raise SystemExit(f"m3-sim-engine: the {role} repo {repo}@{revision} is not in the HF cache "
-                         f"({os.environ.get('HF_HOME') or '~/.cache/huggingface'}, HF_HUB_OFFLINE="
-                         f"{os.environ.get('HF_HUB_OFFLINE', '')}): {type(e).__name__}: {e}. Fix: stage it on the host "
+                         f"{constants.HF_HUB_CACHE} (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')}): "
+                         f"{type(e).__name__}: {str(e).rstrip('.')}. Fix: stage it on the host "
                          "(m3_weights_source=controller with m3_mock_repo_mb, docs/WEIGHTS.md), then run the deploy "
                          "again") from None
     index = os.path.join(path, "model.safetensors.index.json")

@@ -144,7 +144,7 @@ def test_wrapper_refuses_a_missing_draft_naming_the_repo_and_the_fix(tmp_path):
     mockrepos.make_repo(tmp_path / "hub", TARGET, size_mb=1, shards=1)
     res = _resolve(tmp_path, *_argv())
     assert res.returncode != 0 and res.stdout == ""
-    assert f"the draft repo {simengine.SIM_DRAFT}@main is not in the HF cache" in res.stderr
+    assert f"the draft repo {simengine.SIM_DRAFT}@main is not in the HF cache {tmp_path}/hub" in res.stderr
     assert "Fix: stage it on the host (m3_weights_source=controller" in res.stderr
 
 
