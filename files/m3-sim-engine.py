@@ -12,6 +12,14 @@
         of the first tool (`]<]minimax[>[<tool_call>...`, the format Dynamo's `minimax_m3` tool parser reads),
         arguments filled from the tool's required string parameters; otherwise a fixed sentence.
 
+In both modes `--model-path` may name a Hugging Face repo instead of a directory (m3_runtime=docker on the
+testbed: the staged mock repos in the mounted HF cache). The repo, and the draft named by
+`--speculative-config` JSON's "model" (as a vLLM worker names its EAGLE3 head), are resolved offline with
+huggingface_hub's `snapshot_download(repo, revision=..., local_files_only=True)`; a missing or incomplete one
+stops the worker with the repo's name and the fix. The engine gets the target's snapshot directory. The mocker
+does no speculative decoding: the draft is only resolved (proof it is staged and loadable offline), not used,
+and `--speculative-config` is not passed on.
+
 Runs inside the Dynamo venv only: no m3deploy import.
 """
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import sys
@@ -35,6 +44,52 @@ def _parsers(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
+def _resolve_one(repo: str, revision: str, role: str) -> str:
+    """The local snapshot directory of `repo` at `revision`, from the HF cache only (never the network)."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        path = snapshot_download(repo, revision=revision, local_files_only=True)
+    except Exception as e:  # LocalEntryNotFoundError (not in the cache), or a broken snapshot
+        raise SystemExit(f"m3-sim-engine: the {role} repo {repo}@{revision} is not in the HF cache "
+                         f"{constants.HF_HUB_CACHE} (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')}): "
+                         f"{type(e).__name__}: {str(e).rstrip('.')}. Fix: stage it on the host "
+                         "(m3_weights_source=controller with m3_mock_repo_mb, docs/WEIGHTS.md), then run the deploy "
+                         "again") from None
+    index = os.path.join(path, "model.safetensors.index.json")
+    missing = [n for n in (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.isfile(index)
+                           else ["model.safetensors.index.json"]) + ["config.json"]
+               if not os.path.isfile(os.path.join(path, n))]
+    if missing:
+        raise SystemExit(f"m3-sim-engine: the {role} repo {repo}@{revision} is incomplete in the HF cache ({path} "
+                         f"lacks {', '.join(missing)}). Fix: stage it again (m3_weights_source=controller, "
+                         "docs/WEIGHTS.md), then run the deploy again")
+    print(f"m3-sim-engine: loaded {role} {repo}@{revision}: snapshot {os.path.basename(path)} ({path})",
+          file=sys.stderr, flush=True)
+    return path
+
+
+def resolve(argv: list[str]) -> list[str]:
+    """argv with `--model-path REPO` replaced by the repo's local snapshot directory and `--speculative-config`
+    removed, once its draft repo is resolved too (`--revision` applies to the target; the draft's own "revision"
+    key, else main). A `--model-path` that is a directory stays as it is."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model-path")
+    p.add_argument("--revision", default="main")
+    p.add_argument("--speculative-config")
+    opts, rest = p.parse_known_args(argv)
+    out = list(rest)
+    if opts.speculative_config:
+        spec = json.loads(opts.speculative_config)
+        if spec.get("model"):
+            _resolve_one(spec["model"], spec.get("revision") or "main", "draft")
+    if opts.model_path:
+        path = opts.model_path if os.path.isdir(opts.model_path) else \
+            _resolve_one(opts.model_path, opts.revision, "target")
+        out = ["--model-path", path, *out]
+    return out
+
+
 def tool_call_text(prompt: str) -> str | None:
     """The M3 tool-call markup for the first tool the rendered prompt lists, or None without tools."""
     m = re.search(r"<tools>\s*(\{.*?\})\s*(?:\n\{|\n</tools>)", prompt, re.S)
@@ -49,6 +104,7 @@ def tool_call_text(prompt: str) -> str | None:
 
 def run_mocker(argv: list[str]) -> None:
     opts, rest = _parsers(argv)
+    rest = resolve(rest)
     import dynamo.mocker.main as mocker
 
     build = mocker.build_runtime_config
@@ -66,6 +122,7 @@ def run_mocker(argv: list[str]) -> None:
 
 def run_scripted(argv: list[str]) -> None:
     opts, rest = _parsers(argv)
+    rest = resolve(rest)
     p = argparse.ArgumentParser(prog="m3-sim-engine.py scripted")
     p.add_argument("--model-path", required=True)
     p.add_argument("--model-name", required=True)

@@ -268,7 +268,8 @@ def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
             if mb:
                 from m3deploy.controller import mockrepos
 
-                mockrepos.make_repo(hub, r.repo, size_mb=mb, shards=max(1, -(-mb // 100)), revision=r.revision)
+                mockrepos.make_repo(hub, r.repo, size_mb=mb, shards=max(1, -(-mb // 100)), revision=r.revision,
+                                    tokenizer=r.role != "draft")  # a draft head has no tokenizer
             elif not hfcache.check_repo(hub, r.repo, r.revision, r.role)["ok"]:
                 _hub_download(hub, r)
             got = hfcache.check_repo(hub, r.repo, r.revision, r.role)

@@ -173,7 +173,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
         worker0 = next(x for x in services[h0] if x.name == w0)
         services[h0].append(simengine.scripted_service(
-            worker0, int(s["m3_system_port"]) + slot_count[h0], model_dir, served, home))
+            worker0, int(s["m3_system_port"]) + slot_count[h0], model_id if worker0.image else model_dir, served, home))
     if serving == "dynamo":
         for c in control:
             services[c.name].append(_frontend_service(common, c, addr[c.name]))
@@ -192,7 +192,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             endpoint = f"http://{url_host(addr[hname])}:{port}/v1"
 
     repo_args = catalog.engines()[engine].get("repo_args") or {}
-    model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker" and engine != "mocker"
+    model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
+                              and (engine != "mocker" or x.image)  # the docker testbed loads its staged mock repos
                               for r in repos.worker_repos(x.argv, model_id, repo_args))
     mock_mb = s["m3_mock_repo_mb"]  # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
     if mock_mb and not model_repos and repos.is_repo_id(model_id):
@@ -378,6 +379,9 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
         r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
+        if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos
+            fill["model_dir"] = model_id
+            r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
         if s["m3_mocker_startup_time"]:
             r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
     for key in s["m3_unset_args"] or ():
@@ -447,8 +451,6 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             sel = "all" if len(devices) >= gpus_total else '"device=' + ",".join(map(str, devices)) + '"'
             docker += ["--gpus", sel]
         docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]
-        if engine == "mocker":  # the mock model the controller ships to the host, at the path its argv names
-            docker += ["-v", f"{model_dir}:{model_dir}:ro"]
     base_image = None
     if image and serving == "dynamo" and not sim_image:  # the stand-in holds the Dynamo venv already
         # Dynamo runs inside the engine image: the images role builds this image on the host, offline, FROM the

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from m3deploy.core.inputs import url_host
@@ -20,6 +21,10 @@ SIM_ENGINE = "/usr/local/lib/m3/m3-sim-engine.py"
 # m3_runtime=docker: the stand-in engine image (built on the controller by m3deploy.controller.simimage from the
 # testbed's rootfs + the Dynamo venv + this script); it declares vLLM's ENTRYPOINT ["vllm", "serve"]
 SIM_IMAGE = "m3deploy/sim-engine"
+# m3_runtime=docker: the mock EAGLE3 draft repo the workers name in --speculative-config, as a GPU worker names
+# its draft head; staged beside the mock target (m3_mock_repo_mb) and resolved offline by the wrapper, never used
+# (the mocker does no speculative decoding)
+SIM_DRAFT = "m3deploy/mock-minimax-m3-eagle3"
 SCRIPTED = "m3-scripted"
 SCRIPTED_SUFFIX = "-scripted"
 PARSER_FLAGS = ("--dyn-reasoning-parser", "--dyn-tool-call-parser")
@@ -27,6 +32,10 @@ PARSER_FLAGS = ("--dyn-reasoning-parser", "--dyn-tool-call-parser")
 
 def sim_image(dynamo_version: str) -> str:
     return f"{SIM_IMAGE}:{dynamo_version}"
+
+
+def draft_config() -> str:
+    return json.dumps({"method": "eagle3", "model": SIM_DRAFT, "num_speculative_tokens": 3}, separators=(",", ":"))
 
 
 def _flag(argv: tuple[str, ...], flag: str) -> str | None:

@@ -181,6 +181,11 @@ def weights_source(c: Cluster, add: Add) -> None:
     if _v(c.ref, "m3_mock_repo_mb") and kind != "controller":
         add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
             f"{_v(c.ref, 'm3_weights_source')!r}. Fix: also set m3_weights_source = 'controller'")
+    if _v(c.ref, "m3_engine") == "mocker" and _v(c.ref, "m3_runtime") == "docker" and not (
+            _v(c.ref, "m3_mock_repo_mb") and kind == "controller"):
+        add("key m3_runtime: the docker testbed's workers (HF_HUB_OFFLINE=1) load the staged mock repos, the target "
+            "and a mock EAGLE3 draft, from the mounted HF cache, so they must be built and staged. Fix: also pass "
+            "--data m3_weights_source=controller --data m3_mock_repo_mb=8 (docs/TESTBED.md)")
 
 
 @rule(RULES)

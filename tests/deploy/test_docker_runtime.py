@@ -32,7 +32,8 @@ def plan(monkeypatch, tmp_path):
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
 
     def _plan(*data):
-        return load_plan("inventories/testbed.py", ["m3_runtime=docker", *data], facts=False)
+        return load_plan("inventories/testbed.py", ["m3_runtime=docker", "m3_weights_source=controller",
+                                                     "m3_mock_repo_mb=8", *data], facts=False)
     return _plan
 
 

@@ -48,7 +48,9 @@ DOCKER_ROOT = os.path.join(os.environ.get("M3DEPLOY_CACHE") or "/var/lib/m3deplo
 DOCKER_RUN = f"/run/m3deploy-e2e-docker"
 DOCKER_HOST = f"unix://{DOCKER_RUN}/docker.sock"
 ARCHIVES = f"{DOCKER_ROOT}-archives"
-DATA = ["--data", "m3_runtime=docker", "--data", f"m3_image_archive_dir={ARCHIVES}"]
+# the docker testbed's workers load the staged mock repos (target + mock EAGLE3 draft) from the HF cache
+REPOS = ["--data", "m3_runtime=docker", "--data", "m3_weights_source=controller", "--data", "m3_mock_repo_mb=8"]
+DATA = [*REPOS, "--data", f"m3_image_archive_dir={ARCHIVES}"]
 CONFIG = f"/tmp/m3-e2e-{NAME}-config"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "DOCKER_HOST": DOCKER_HOST,
        "M3DEPLOY_CONFIG": CONFIG}
@@ -148,7 +150,7 @@ STEP: dict[str, object] = {}
 
 def test_save_images_builds_the_stand_in_whose_entrypoint_is_vllms(testbed):
     t0 = time.monotonic()
-    _cli("save-images", INVENTORY, ARCHIVES, "--data", "m3_runtime=docker")
+    _cli("save-images", INVENTORY, ARCHIVES, *REPOS)
     STEP["save_s"] = time.monotonic() - t0
     cfg = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", IMAGE).stdout)
     assert cfg["Entrypoint"] == ["vllm", "serve"] and cfg["WorkingDir"] == "/vllm-workspace"
@@ -174,6 +176,9 @@ def test_cold_deploy_runs_containers_and_verifies(testbed):
         assert f"--entrypoint {VENV_PY} {IMAGE}" in unit, unit
         env = ssh(host, "cat /etc/m3/m3-worker@0.env")
         assert "HF_HUB_OFFLINE=1" in env
+        # the wrapper resolved both staged repos offline from the mounted HF cache (files/m3-sim-engine.py)
+        log = ssh(host, "journalctl -u m3-worker@0 --no-pager -o cat")
+        assert "loaded target MiniMaxAI/" in log and "loaded draft m3deploy/mock-minimax-m3-eagle3@main" in log, log
     res = _cli("verify", INVENTORY, *DATA, check=False, timeout=300)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert all(v.startswith("sha256:") for v in recorded_ids().values()), recorded_ids()
@@ -195,7 +200,7 @@ def test_changed_image_restarts_only_the_container_workers(testbed):
     assert build.returncode == 0, build.stderr
     new = docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     assert new != old
-    _cli("save-images", INVENTORY, ARCHIVES, "--data", "m3_runtime=docker")
+    _cli("save-images", INVENTORY, ARCHIVES, *REPOS)
     t0 = time.monotonic()
     deploy()
     STEP["image_change_s"] = time.monotonic() - t0

@@ -13,7 +13,7 @@ import pytest
 from m3deploy.cli import load_plan
 from m3deploy.controller.images import archive_image_id
 from m3deploy.controller import simimage
-from m3deploy.core.simengine import SIM_ENGINE, SIM_IMAGE
+from m3deploy.core.simengine import SIM_DRAFT, SIM_ENGINE, SIM_IMAGE
 from m3deploy.testbed import config as C
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +30,11 @@ def plan(monkeypatch):
     return lambda *d: load_plan("inventories/testbed.py", list(d), facts=False)
 
 
+DOCKER = ("m3_runtime=docker", "m3_weights_source=controller", "m3_mock_repo_mb=8")
+
+
 def test_mocker_workers_run_in_the_stand_in_image_with_an_explicit_entrypoint(plan):
-    cp = plan("m3_runtime=docker")
+    cp = plan(*DOCKER)
     svcs = [s for h in cp.hosts for s in h.services if s.kind in ("worker", "scripted")]
     assert len(svcs) == 3
     for s in svcs:
@@ -41,13 +44,44 @@ def test_mocker_workers_run_in_the_stand_in_image_with_an_explicit_entrypoint(pl
         assert cmd[i - 2:i] == ["--entrypoint", f"{cp.venv}/bin/python"] and cmd[i + 1] == SIM_ENGINE
         assert "--network" in cmd and cmd[cmd.index("--network") + 1] == "host"
         assert "/var/lib/m3/hf:/root/.cache/huggingface" in cmd
-        assert f"{cp.model_dir}:{cp.model_dir}:ro" in cmd
+        assert not any(cp.model_dir in a for a in cmd)  # the staged repos from the HF cache, not the mock dir
         env = dict(s.env)
         assert env["HF_HUB_OFFLINE"] == "1" and env["HOME"] == "/root"
         assert s.workdir == ""
     # the frontend stays native; the default runtime is unchanged
     assert all(not s.image for h in cp.hosts for s in h.services if s.kind == "frontend")
     assert all(not s.image for h in plan().hosts for s in h.services)
+
+
+def test_docker_workers_name_the_staged_target_and_mock_draft_as_a_gpu_worker_does(plan):
+    """model_repos covers the target and the mock EAGLE3 draft; argv names both (`--model-path <repo>`,
+    `--speculative-config` JSON "model", as the gb200/b200 plans name theirs); HF_HUB_OFFLINE=1; cache mounted."""
+    cp = plan(*DOCKER)
+    assert [(r.repo, r.role) for r in cp.model_repos] == [(cp.model_id, "target"), (SIM_DRAFT, "draft")]
+    workers = [s for h in cp.hosts for s in h.services if s.kind == "worker"]
+    assert workers
+    for s in workers:
+        argv = list(s.argv)
+        assert argv[argv.index("--model-path") + 1] == cp.model_id
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec["model"] == SIM_DRAFT and spec["method"] == "eagle3"
+        assert dict(s.env)["HF_HUB_OFFLINE"] == "1"
+        assert "/var/lib/m3/hf:/root/.cache/huggingface" in s.command
+    scripted = next(s for h in cp.hosts for s in h.services if s.kind == "scripted")
+    assert scripted.argv[scripted.argv.index("--model-path") + 1] == cp.model_id
+    # every worker host stages both repos into the HF cache the containers mount
+    assert all(h.weights_dir == "/var/lib/m3/hf" for h in cp.hosts if "workers" in h.groups)
+    # the native testbed is unchanged: the mock model dir, no repos, no draft
+    native = plan()
+    assert native.model_repos == () and not any("--speculative-config" in s.argv for h in native.hosts
+                                                 for s in h.services)
+
+
+def test_docker_testbed_without_staged_repos_is_refused_naming_the_fix(plan):
+    from m3deploy.core.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="m3_weights_source=controller --data m3_mock_repo_mb"):
+        plan("m3_runtime=docker")
 
 
 def test_unknown_runtime_is_refused_naming_the_key(plan):

@@ -96,3 +96,65 @@ def test_image_policy_follows_the_plan():
     assert contract.image_policy(vllm) == "refused"
     check = next(c for c in contract.contract_checks(vllm) if c.id == "smoke/image-input")
     assert check.title.endswith("refused") and "image_url" in check.reproduce
+
+
+# The docker testbed's wrapper resolves the staged repos offline (HF_HUB_OFFLINE=1, huggingface_hub
+# snapshot_download(local_files_only=True)), in its own process: huggingface_hub reads HF_HOME at import.
+_RESOLVE = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('m3_sim_engine', sys.argv[1])\n"
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+            "print(json.dumps(mod.resolve(sys.argv[2:])))\n")
+TARGET = "MiniMaxAI/MiniMax-M3"
+
+
+def _resolve(hf_home, *argv):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    return subprocess.run([sys.executable, "-c", _RESOLVE, str(REPO / "files/m3-sim-engine.py"), *argv],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def _argv():
+    plan = _plan(m3_runtime="docker", m3_weights_source="controller", m3_mock_repo_mb=1, m3_model_id=TARGET)
+    w = next(s for h in plan.hosts for s in h.services if s.kind == "worker")
+    return list(w.argv[w.argv.index("--model-path"):])  # what the wrapper's mocker mode gets
+
+
+def test_wrapper_resolves_the_staged_target_and_draft_offline_and_hands_the_mocker_the_snapshot(tmp_path):
+    from m3deploy.controller import mockrepos
+
+    target = mockrepos.make_repo(tmp_path / "hub", TARGET, size_mb=1, shards=1)
+    draft = mockrepos.make_repo(tmp_path / "hub", simengine.SIM_DRAFT, size_mb=1, shards=1, tokenizer=False)
+    res = _resolve(tmp_path, *_argv())
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out[:2] == ["--model-path", str(target.snapshot)] and "--speculative-config" not in out
+    assert (target.snapshot / "tokenizer.json").is_file()  # what the mocker reads, as in the mock model dir
+    assert f"loaded target {TARGET}@main: snapshot {target.commit}" in res.stderr
+    assert f"loaded draft {simengine.SIM_DRAFT}@main: snapshot {draft.commit}" in res.stderr
+
+
+def test_wrapper_refuses_a_missing_draft_naming_the_repo_and_the_fix(tmp_path):
+    from m3deploy.controller import mockrepos
+
+    mockrepos.make_repo(tmp_path / "hub", TARGET, size_mb=1, shards=1)
+    res = _resolve(tmp_path, *_argv())
+    assert res.returncode != 0 and res.stdout == ""
+    assert f"the draft repo {simengine.SIM_DRAFT}@main is not in the HF cache {tmp_path}/hub" in res.stderr
+    assert "Fix: stage it on the host (m3_weights_source=controller" in res.stderr
+
+
+def test_wrapper_refuses_an_incomplete_target_naming_the_missing_shard(tmp_path):
+    from m3deploy.controller import mockrepos
+
+    target = mockrepos.make_repo(tmp_path / "hub", TARGET, size_mb=1, shards=2)
+    mockrepos.make_repo(tmp_path / "hub", simengine.SIM_DRAFT, size_mb=1, shards=1, tokenizer=False)
+    (target.snapshot / "model-00002-of-00002.safetensors").unlink()
+    res = _resolve(tmp_path, *_argv())
+    assert res.returncode != 0
+    assert f"the target repo {TARGET}@main is incomplete" in res.stderr
+    assert "lacks model-00002-of-00002.safetensors" in res.stderr
