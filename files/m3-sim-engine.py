@@ -20,6 +20,13 @@ stops the worker with the repo's name and the fix. The engine gets the target's 
 does no speculative decoding: the draft is only resolved (proof it is staged and loadable offline), not used,
 and `--speculative-config` is not passed on.
 
+On SIGTERM both modes stop the way `dynamo.vllm` (the GPU workers' engine) does in Dynamo 1.6.1
+(dynamo/vllm/main.py calls dynamo/common/utils/graceful_shutdown.py `install_signal_handlers`): unregister the
+endpoint instance from discovery, wait the grace period (`DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS`, default 5 s)
+so the frontend stops routing to it, then shut the runtime down, which finishes the requests in flight. The
+1.6.1 mocker alone (dynamo/mocker/main.py `graceful_shutdown`) shuts down at once, with no unregister or grace:
+the frontend can route a request to it in that moment and answer 503, a failure the GPU engines do not have.
+
 Runs inside the Dynamo venv only: no m3deploy import.
 """
 from __future__ import annotations
@@ -29,7 +36,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import sys
 
 NS = "]<]minimax[>["  # MiniMax-M3's tag namespace (Dynamo lib/parsers tool_calling/xml/minimax_m3_parser.rs)
@@ -116,6 +122,28 @@ def run_mocker(argv: list[str]) -> None:
         return block_size, rc
 
     mocker.build_runtime_config = with_parsers
+    parse = mocker.parse_args
+    parsed: list[argparse.Namespace] = []
+
+    def keep_args():
+        parsed.append(parse())
+        return parsed[-1]
+
+    async def unregister_then_shutdown(runtimes: list) -> None:  # replaces the mocker's immediate shutdown
+        from dynamo.common.utils.graceful_shutdown import get_grace_period_seconds
+
+        path = parsed[-1].endpoint.removeprefix("dyn://")
+        for runtime in runtimes:
+            try:
+                await runtime.endpoint(path).unregister_endpoint_instance()
+            except Exception as e:  # the binding raises the base Exception; shut down regardless
+                print(f"m3-sim-engine: unregistering {path} failed: {e}", file=sys.stderr, flush=True)
+        await asyncio.sleep(get_grace_period_seconds())
+        for runtime in runtimes:
+            runtime.shutdown()
+
+    mocker.parse_args = keep_args
+    mocker.graceful_shutdown = unregister_then_shutdown
     sys.argv = ["dynamo.mocker", *rest]
     mocker.main()
 
@@ -153,10 +181,10 @@ def run_scripted(argv: list[str]) -> None:
 
     @dynamo_worker()
     async def worker(runtime: DistributedRuntime):
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # deregister at once, as the mocker does
-            loop.add_signal_handler(sig, runtime.shutdown)
+        from dynamo.common.utils.graceful_shutdown import install_signal_handlers
+
         endpoint = runtime.endpoint(args.endpoint.removeprefix("dyn://"))
+        install_signal_handlers(asyncio.get_running_loop(), runtime, [endpoint])  # as dynamo.vllm does
         rc = ModelRuntimeConfig()
         rc.reasoning_parser = opts.dyn_reasoning_parser
         rc.tool_call_parser = opts.dyn_tool_call_parser
