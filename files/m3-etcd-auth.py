@@ -7,8 +7,14 @@ Reads from the environment (the unit's 0600 EnvironmentFile, never argv):
   M3_ETCD_USER / M3_ETCD_PASSWORD   the user Dynamo connects as (Dynamo gets them as ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD;
   not ETCD_* here: etcd itself reads ETCD_* variables as its flags)
 Creates role `m3` (readwrite on every key), users root + $M3_ETCD_USER, then enables auth.
-Re-runs converge (the Dynamo user's password is reset to the current secret). Uses the v3 JSON
+Re-runs converge (the Dynamo user's password is set to the current secret). Uses the v3 JSON
 gateway of etcd 3.4 (no etcdctl needed). Exit 0 = auth on and the Dynamo user can log in.
+
+With auth on (every start after the first), it reads before it writes and writes nothing that is already
+right. Every auth write bumps etcd's auth revision, and etcd then refuses every token issued before it
+("etcdserver: revision of auth store is old"; etcd server/auth/store.go `ErrAuthOldRevision`); Dynamo 1.6.1 does not
+log in again on that error, so a frontend that had logged in between etcd's start and this script listed no
+worker until it was restarted by hand (seen after a 30 s etcd outage on the testbed, 2026-12-01).
 """
 import base64
 import json
@@ -48,12 +54,21 @@ def ok_or_exists(res, what):
 
 
 def converge(token=None):
-    ok_or_exists(call("auth/role/add", {"name": "m3"}, token), "role add m3")
-    ok_or_exists(call("auth/role/grant", {"name": "m3", "perm": {"permType": "READWRITE", "key": ALL_KEYS,
-                                                                  "range_end": ALL_KEYS}}, token), "grant m3")
-    ok_or_exists(call("auth/user/add", {"name": USER, "password": USER_PW}, token), f"user add {USER}")
-    ok_or_exists(call("auth/user/changepw", {"name": USER, "password": USER_PW}, token), f"password {USER}")
-    ok_or_exists(call("auth/user/grant", {"user": USER, "role": "m3"}, token), f"grant {USER}")
+    """Role m3 with readwrite on every key, user USER with password USER_PW holding it. token: auth is on, so
+    read first and write only what differs (see the module doc); None: auth is off, write everything."""
+    perm = {"permType": "READWRITE", "key": ALL_KEYS, "range_end": ALL_KEYS}
+    role, _ = call("auth/role/get", {"role": "m3"}, token) if token else (None, None)
+    if role is None:
+        ok_or_exists(call("auth/role/add", {"name": "m3"}, token), "role add m3")
+    if role is None or perm not in role.get("perm", []):
+        ok_or_exists(call("auth/role/grant", {"name": "m3", "perm": perm}, token), "grant m3")
+    user, _ = call("auth/user/get", {"name": USER}, token) if token else (None, None)
+    if user is None:
+        ok_or_exists(call("auth/user/add", {"name": USER, "password": USER_PW}, token), f"user add {USER}")
+    if user is None or call("auth/authenticate", {"name": USER, "password": USER_PW})[0] is None:
+        ok_or_exists(call("auth/user/changepw", {"name": USER, "password": USER_PW}, token), f"password {USER}")
+    if user is None or "m3" not in user.get("roles", []):
+        ok_or_exists(call("auth/user/grant", {"user": USER, "role": "m3"}, token), f"grant {USER}")
 
 
 def main():

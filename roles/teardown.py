@@ -46,8 +46,8 @@ class DeployManifest(FactBase):
 
 
 def _safe(path: str) -> str:
-    """The path, if it lies in a directory m3 owns (the rule validation applies to m3_venv_root, m3_hf_cache and
-    m3_state_dir, m3deploy.core.inputs): teardown never deletes a system or shared directory."""
+    """A venv's parent (not itself a manifest entry), if it lies in a directory m3 owns (the rule validation
+    applies to m3_venv_root, m3deploy.core.inputs): teardown never empties a system or shared directory."""
     why = teardown_path_problem(path)
     if why:
         raise M3Error(f"refusing to delete {why}")
@@ -63,15 +63,15 @@ def remove_venvs(root: str, *parents: str) -> str:
 
 
 def host_manifest(cp, hp) -> dict:
-    """The host's manifest, checked entry by entry; the plan's when the host has none."""
+    """The host's manifest, checked entry by entry; the plan's (checked the same way) when the host has none."""
     text = host.get_fact(DeployManifest)
-    if text.strip():
-        try:
+    try:
+        if text.strip():
             return hostfiles.read_manifest(text, hp.name)
-        except M3Error as e:  # before any operation: pyinfra prints it without a traceback and exits 2
-            raise InvalidPlan(f"teardown refused, nothing was changed:\n{e}") from None
-    host.noop(f"no {MANIFEST} on the host (deployed before manifests): tearing down what the plan names")
-    return hostfiles.manifest(cp, hp)
+        host.noop(f"no {MANIFEST} on the host (deployed before manifests): tearing down what the plan names")
+        return hostfiles.checked_manifest(hostfiles.manifest(cp, hp), hp.name)
+    except M3Error as e:  # before any operation: pyinfra prints it without a traceback and exits 2
+        raise InvalidPlan(f"teardown refused, nothing was changed:\n{e}") from None
 
 
 @deploy("Tear down the MiniMax-M3 stack")
@@ -101,14 +101,14 @@ def teardown():
                      extra_uninstall_args="--purge")
     for path in m["dirs"]:
         if path != ETC_DIR:
-            files.directory(name=f"Remove {path}", path=_safe(path), present=False)
+            files.directory(name=f"Remove {path}", path=path, present=False)
     if not keep:
         for path in dict.fromkeys([*m["venvs"], *m["caches"]]):
-            files.directory(name=f"Remove {path}", path=_safe(path), present=False)
+            files.directory(name=f"Remove {path}", path=path, present=False)
         for root in dict.fromkeys(str(PurePosixPath(v).parent) for v in m["venvs"]):
             others = [d for d in m["empty_dirs"] if d != root]
             server.shell(name=f"Remove m3's venvs in {root}, and the directory if m3 left it empty",
-                         commands=[remove_venvs(_safe(root), *map(_safe, others))])
+                         commands=[remove_venvs(_safe(root), *others)])
     for user in m["users"]:
         server.user(name=f"Remove system user {user}", user=user, present=False)
     files.directory(name=f"Remove {ETC_DIR}", path=ETC_DIR, present=False)  # with the manifest in it

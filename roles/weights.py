@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 import threading
 from io import StringIO
 from pathlib import Path
@@ -50,6 +49,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import apt, files, server
 
 from m3deploy.check import hfcache
+from m3deploy.controller.secrets import require_private
 from m3deploy.core import fanout, settings
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
@@ -69,9 +69,7 @@ def controller_token() -> str | None:
     p = Path(path).expanduser()
     if not p.is_file():
         raise M3Error(f"m3_hf_token_file: {p} does not exist. Fix: write the token there (chmod 600) or set HF_TOKEN")
-    if stat.S_IMODE(p.stat().st_mode) & 0o077:
-        raise M3Error(f"m3_hf_token_file: {p} is readable by others (mode {oct(stat.S_IMODE(p.stat().st_mode))}). "
-                      f"Fix: chmod 600 {p}")
+    require_private(p, f"m3_hf_token_file: {p}")
     return p.read_text().strip() or None
 
 

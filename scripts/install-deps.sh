@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "scripts/install-deps.sh: run as root (the testbed needs network namespaces)" >&2; exit 1; fi
-# rsync: the controller's weights push (m3_weights_source=controller); docker.io: the stand-in engine image and
-# tests/e2e/test_docker_runtime_testbed.py (which runs its own dockerd on a private socket)
-pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates
+# openssl: the etcd JWT key pair of tests/unit/test_etcd_auth_script.py; rsync: the controller's weights push
+# (m3_weights_source=controller); docker.io: the stand-in engine image and tests/e2e/test_docker_runtime_testbed.py
+# (which runs its own dockerd on a private socket)
+pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates openssl
       rsync docker.io)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done

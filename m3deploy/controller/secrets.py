@@ -33,6 +33,14 @@ API_KEY_FIX = ("Fix: write the key there alone on one line and make it private, 
                "`openssl rand -hex 32 > FILE && chmod 600 FILE` (docs/OPERATIONS.md \"API key\")")
 
 
+def require_private(path: Path, where: str) -> None:
+    """Refuse a controller secret file that others can read (any group/other bit): M3Error naming `where` (the
+    key or file) and the fix. The one owner of this rule for every secret file m3deploy reads."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise M3Error(f"{where} is readable by others (mode {mode:o}). Fix: chmod 600 {path}")
+
+
 def read_api_key(path: str) -> str:
     """The key in m3_api_key_file (a controller path): a regular file, mode 0600 or stricter, one line of printable
     ASCII without spaces (an HTTP header value). Raises M3Error naming the key, the file and the fix; the message
@@ -41,9 +49,7 @@ def read_api_key(path: str) -> str:
     where = f"key m3_api_key_file: {p}"
     if not p.is_file():
         raise M3Error(f"{where} does not exist on the controller (or is not a file). {API_KEY_FIX}")
-    mode = stat.S_IMODE(p.stat().st_mode)
-    if mode & 0o077:
-        raise M3Error(f"{where} is readable by others (mode {mode:o}). Fix: chmod 600 {p}")
+    require_private(p, where)
     try:
         key = p.read_text(encoding="ascii").strip()
     except (OSError, UnicodeError) as e:
@@ -111,9 +117,7 @@ def load_secrets(cluster: str) -> dict[str, str]:
     path = secrets_path(cluster)
     if not path.exists():
         return {}
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise M3Error(f"{path} is readable by others (mode {mode:o}); fix: chmod 600 {path}")
+    require_private(path, str(path))
     try:
         data = json.loads(path.read_text())
     except ValueError as e:
@@ -171,7 +175,5 @@ def ensure_transfer_key(cluster: str) -> tuple[Path, str]:
                                     "-f", str(path)], capture_output=True, text=True)
                 if r.returncode:
                     raise M3Error(f"ssh-keygen could not make {path}: {r.stderr.strip()}. Fix: install openssh-client")
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise M3Error(f"{path} is readable by others (mode {mode:o}); fix: chmod 600 {path}")
+    require_private(path, str(path))
     return path, pub.read_text().strip()

@@ -278,6 +278,12 @@ def read_manifest(text: str, host: str) -> dict:
     if not all(isinstance(doc.get(k, []), list) for k in MANIFEST_KEYS):
         raise M3Error(f"host {host}: {MANIFEST}: every one of {', '.join(MANIFEST_KEYS)} must be a list. "
                       "Fix: remove it to tear down by the plan")
+    return checked_manifest(doc, host)
+
+
+def checked_manifest(doc: dict, host: str) -> dict:
+    """Every entry of a manifest (the host's, or the plan's for a host that has none) confined by
+    `removal_problem`: teardown removes only what this returns."""
     problems = [f"{key}: {why}" for key in MANIFEST_KEYS
                 for entry in doc.get(key, []) for why in [removal_problem(key, entry)] if why]
     if problems:

@@ -3,7 +3,8 @@ cluster's OpenAI endpoint (the `openai` client on asyncio), counting every reque
 
 Bounded twice: at most `max_requests` requests and at most `duration_s` seconds; `stop()` ends it early.
 It runs in its own process (`python3 tests/e2e/load.py URL MODEL ...`, stopped by closing its stdin, stats as
-JSON on stdout): the test process imports pyinfra, whose gevent monkey-patching turns threads into greenlets.
+JSON on stdout; times are time.monotonic(), one clock for every process of the machine): the test process
+imports pyinfra, whose gevent monkey-patching turns threads into greenlets.
 A request fails when the client raises (HTTP error, connection refused, timeout) or a reply has no
 completion tokens / a stream ends without [DONE]-terminated content. Traffic goes only to `base_url`.
 """
@@ -22,7 +23,7 @@ class Stats:
     ok: int = 0
     failed: int = 0
     errors: collections.Counter = field(default_factory=collections.Counter)
-    fail_times: list[float] = field(default_factory=list)  # monotonic time of each failure
+    failures: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), reason) of each failure
     started: float = 0.0
     ended: float = 0.0
 
@@ -73,7 +74,7 @@ class _Runner:
             except Exception as e:  # noqa: BLE001 - every failure is counted, by kind
                 self.stats.failed += 1
                 self.stats.errors[_reason(e)] += 1
-                self.stats.fail_times.append(time.monotonic())
+                self.stats.failures.append((time.monotonic(), _reason(e)))
                 await asyncio.sleep(0.05)  # a refused connection must not spin
 
     async def _main(self) -> None:
@@ -112,8 +113,7 @@ def main(argv=None) -> None:
     r.stats.ended = time.monotonic()
     s = r.stats
     print(json.dumps({"sent": s.sent, "ok": s.ok, "failed": s.failed, "errors": dict(s.errors),
-                      "fail_offsets_s": [round(x - s.started, 3) for x in s.fail_times],
-                      "secs": round(s.ended - s.started, 3)}))
+                      "failures": s.failures, "started": s.started, "ended": s.ended}))
 
 
 class Load:
@@ -143,8 +143,8 @@ class Load:
             out, _ = self.proc.communicate(timeout=120)
             d = json.loads(out.strip().splitlines()[-1])
             self.stats = Stats(sent=d["sent"], ok=d["ok"], failed=d["failed"],
-                               errors=collections.Counter(d["errors"]), fail_times=d["fail_offsets_s"],
-                               ended=d["secs"])
+                               errors=collections.Counter(d["errors"]),
+                               failures=[tuple(f) for f in d["failures"]], started=d["started"], ended=d["ended"])
         return self.stats
 
     def __exit__(self, *exc) -> None:

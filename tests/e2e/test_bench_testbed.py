@@ -25,12 +25,14 @@ import time
 
 import pytest
 
+from tbssh import state_dir, testbed_ssh
+
 pytestmark = pytest.mark.e2e
 
 NAME = "bnch"
 SUBNET = "10.83.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+STATE_DIR = state_dir(NAME)
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
 WORKLOAD = ["--profile", "custom", "--input-len", "256", "--output-len", "64", "--num-prompts", "24",
             "--concurrency", "4"]
@@ -52,11 +54,7 @@ def m3bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return _run([sys.executable, "-m", "m3deploy.cli", "bench", "inventories/testbed.py", *args], timeout=timeout)
 
 
-def ssh(host: str, cmd: str) -> subprocess.CompletedProcess:
-    res = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", host, cmd], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, f"{host}: {cmd!r}: {res.stdout}{res.stderr}"
-    return res
+ssh = testbed_ssh(NAME)
 
 
 @pytest.fixture(scope="module")

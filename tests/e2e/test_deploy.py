@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tbssh import state_dir, testbed_ssh
+
 pytestmark = pytest.mark.e2e
 
 NAME = "m3dep"
@@ -38,7 +40,7 @@ SUBNET = "10.81.0.0/24"
 CONTROL, W1, W2 = "m3dep-01", "m3dep-02", "m3dep-03"
 HOSTS = (CONTROL, W1, W2)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+STATE_DIR = state_dir(NAME)
 INVENTORY = "inventories/testbed.py"
 # A cold controller for this module (issue: a warm ~/.cache/m3deploy hid a race that broke every fresh
 # machine): the first deploy builds the wheelhouse and mock model from nothing, while `m3deploy artifacts`
@@ -146,12 +148,7 @@ def assert_verify_passes(inventory: str = INVENTORY):
 
 
 # ------------------------------------------------------------------------------------------ host state
-def ssh(host: str, cmd: str, check: bool = True, timeout: int = 60) -> subprocess.CompletedProcess:
-    res = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", host, cmd], capture_output=True, text=True,
-                         timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}")
-    return res
+ssh = testbed_ssh(NAME)
 
 
 def plan_units() -> dict[str, list[str]]:
@@ -356,6 +353,11 @@ def test_one_workers_env_change_restarts_only_that_worker(deployed, tmp_path):
         assert after[f"{W2}/{WORKER_UNIT}"]["ActiveState"] == "active"
         assert run.changed_on(ROLL_OP) == [CONTROL], run.per_host.get(ROLL_OP)
         assert ROLLED_W2 in run.out and "rolled worker 0" not in run.out, run.out[-3000:]
+        # the drain took the engine's grace period: on SIGTERM the worker unregistered, then waited before shutting
+        # down, as dynamo.vllm does (Dynamo 1.6.1 dynamo/common/utils/graceful_shutdown.py, 5 s by default): the
+        # frontend has stopped routing to it before it stops serving
+        drained = re.search(re.escape(ROLLED_W2) + r": drained in ([\d.]+) s", run.out)
+        assert drained and float(drained.group(1)) >= 4.5, run.out[-3000:]
         assert run.changed_on(WORKER_ENV_OP) == [W2], run.per_host.get(WORKER_ENV_OP)
         # nothing else was rewritten or (re)started anywhere (per-host log: an op's name in the results
         # table is the first host's, e.g. a readiness URL, so the table cannot say which host changed)

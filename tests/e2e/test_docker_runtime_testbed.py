@@ -32,13 +32,15 @@ import time
 
 import pytest
 
+from tbssh import state_dir, testbed_ssh
+
 pytestmark = pytest.mark.e2e
 
 NAME = "m3dkr"
 SUBNET = "10.92.0.0/24"
 CONTROL, W1, W2 = "m3dkr-01", "m3dkr-02", "m3dkr-03"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+STATE_DIR = state_dir(NAME)
 INVENTORY = "inventories/testbed.py"
 IMAGE = "m3deploy/sim-engine:1.6.1"
 VENV_PY = "/opt/m3/dynamo-1.6.1/bin/python"
@@ -85,19 +87,14 @@ def deploy(*extra) -> tuple[int, str, int]:
     return res.returncode, res.stdout, 0 if m[2] == "-" else int(m[2])
 
 
-def ssh(host: str, cmd: str, check=True) -> str:
-    res = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", host, cmd], capture_output=True, text=True,
-                         timeout=120)
-    if check:
-        assert res.returncode == 0, f"{host}: {cmd}: {res.stdout}{res.stderr}"
-    return res.stdout
+ssh = testbed_ssh(NAME)
 
 
 def main_pids() -> dict[str, str]:
     out = {}
     for host, units in ((CONTROL, NATIVE), *CONTAINERS.items()):
         for u in units:
-            out[f"{host}/{u}"] = ssh(host, f"systemctl show -p MainPID --value {u}").strip()
+            out[f"{host}/{u}"] = ssh(host, f"systemctl show -p MainPID --value {u}").stdout.strip()
     return out
 
 
@@ -169,15 +166,15 @@ def test_cold_deploy_runs_containers_and_verifies(testbed):
     STEP["cold_s"] = time.monotonic() - t0
     assert changed > 0
     for host, names in CONTAINERS.items():
-        ps = ssh(host, "docker ps --format '{{.Names}} {{.Image}}'").split("\n")
+        ps = ssh(host, "docker ps --format '{{.Names}} {{.Image}}'").stdout.split("\n")
         for name in names:
             assert f"{name.replace('@', '-')} {IMAGE}" in ps, ps
-        unit = ssh(host, "cat /etc/systemd/system/m3-worker@0.service")
+        unit = ssh(host, "cat /etc/systemd/system/m3-worker@0.service").stdout
         assert f"--entrypoint {VENV_PY} {IMAGE}" in unit, unit
-        env = ssh(host, "cat /etc/m3/m3-worker@0.env")
+        env = ssh(host, "cat /etc/m3/m3-worker@0.env").stdout
         assert "HF_HUB_OFFLINE=1" in env
         # the wrapper resolved both staged repos offline from the mounted HF cache (files/m3-sim-engine.py)
-        log = ssh(host, "journalctl -u m3-worker@0 --no-pager -o cat")
+        log = ssh(host, "journalctl -u m3-worker@0 --no-pager -o cat").stdout
         assert "loaded target MiniMaxAI/" in log and "loaded draft m3deploy/mock-minimax-m3-eagle3@main" in log, log
     res = _cli("verify", INVENTORY, *DATA, check=False, timeout=300)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
@@ -216,7 +213,7 @@ def test_changed_image_restarts_only_the_container_workers(testbed):
 def test_teardown_removes_the_containers_and_the_loaded_image(testbed):
     deploy("--data", "m3_state=absent")
     for host in CONTAINERS:
-        assert ssh(host, "docker ps -aq").strip() == ""
-        assert ssh(host, f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo present || echo gone").strip() \
+        assert ssh(host, "docker ps -aq").stdout.strip() == ""
+        assert ssh(host, f"docker image inspect {IMAGE} >/dev/null 2>&1 && echo present || echo gone").stdout.strip() \
             == "gone"
     print(f"\nfigures: {json.dumps({k: round(v, 1) for k, v in STEP.items()})}")

@@ -7,7 +7,7 @@ chat, no retries) counts every request and every failure.
 Opt-in (`-m drills`; the default run deselects them, see pyproject.toml): they take ~6 minutes of wall time
 on top of a deploy. The module brings its testbed up (1 control host + 3 mocker workers), deploys, runs the
 drills in file order, writes the figures (sent / ok / failed / recovery seconds per drill) to
-benchmarks/results/drills-<date>.md, and brings the testbed down (M3_E2E_KEEP=1 keeps it).
+benchmarks/results/drills-<UTC start>.md, and brings the testbed down (M3_E2E_KEEP=1 keeps it).
 
 Recovery is measured from the fault (or the end of the outage) until every planned worker is listed by the
 frontend under the id of its running process and the faulted one has served a request (m3deploy.check.rollout).
@@ -46,6 +46,7 @@ INVENTORY = "inventories/testbed.py"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
 HA_ENV = {**os.environ, "M3_TESTBED": HA_NAME, "M3_TESTBED_CONTROL": "3"}
 RECOVER_S = 10.0  # a killed worker is routable again within this (issue 12)
+LOAD_TIMEOUT_S = 30.0  # the load client's per-request timeout (tests/e2e/load.py --timeout-s default)
 RESULTS: list[dict] = []
 
 
@@ -106,32 +107,33 @@ def cluster():
     yield from _cluster(NAME, SUBNET, 4, ENV)
 
 
+STARTED = datetime.datetime.now(datetime.timezone.utc)
+
+
 def _write_results() -> None:
+    """One file per run (benchmarks/results/drills-<UTC start>.md), with the commit it ran: rows of one run only."""
     if not RESULTS:
         return
-    day = datetime.date.today().isoformat()
-    path = os.path.join(REPO, "benchmarks", "results", f"drills-{day}.md")
-    lines = [f"# Drills under load ({day})", "",
+    stamp = STARTED.strftime("%Y-%m-%d-%H%M")
+    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    path = os.path.join(REPO, "benchmarks", "results", f"drills-{stamp}.md")
+    lines = [f"# Drills under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed "
-             "(one 2-core machine shared with other testbeds; `load` in the notes: its 1-minute load average): "
+             "(one 2-core machine; `load` in the notes: its 1-minute load average): "
              "1 control host (etcd, NATS, frontend with --migration-limit 3) and 3 mocker workers, and for the "
              "`3 control hosts` drills 3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 "
              "mocker workers; load: "
              "tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no "
              "retries. Recovery: from the fault (or the end of the outage) until every planned worker is "
-             "listed under its running process's id and has served (m3deploy.check.rollout).", "",
+             "listed under its running process's id and has served (m3deploy.check.rollout). A drill that "
+             "failed, or was not selected (-k), has no row.", "",
              "| drill | sent | ok | failed | recovery s | failures | notes |", "|---|---|---|---|---|---|---|"]
-    rows = {}  # drill -> table row; rows of drills not run this time (-k) stay from the same day's file
-    if os.path.exists(path):
-        for line in open(path).read().splitlines()[len(lines):]:
-            if line.startswith("| "):
-                rows[line.split(" | ")[0][2:]] = line
     for r in RESULTS:
         s: Stats = r["stats"]
         errs = ", ".join(f"{n}× {e}" for e, n in s.errors.most_common()) or "-"
-        rows[r["drill"]] = (f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
-                            f"{r.get('note', '')} |")
-    lines += rows.values()
+        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
+                     f"{r.get('note', '')} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -254,6 +256,7 @@ def test_rolling_change_of_every_worker(cluster):
     # dynamo.vllm does (dynamo/common/utils/graceful_shutdown.py, DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS=5)
     drained = [float(x) for x in re.findall(r"rolled worker \d+ .*?drained in ([\d.]+) s", run.stdout)]
     assert len(drained) == 3 and min(drained) >= 4.5, run.stdout[-4000:]
+    RESULTS[-1]["note"] += "; drained in " + ", ".join(f"{d:.1f}" for d in drained) + " s"
     assert "Restart m3-frontend.service" not in _changed_ops(run.stdout)
     assert stats.failed == 0, stats.summary()
     # and back, the same way
@@ -363,6 +366,38 @@ def test_hung_frontend_is_restarted_by_the_watchdog(cluster):
     log = on(cluster.control, "journalctl -u m3-frontend-watchdog --no-pager -o cat -n 20")
     assert "has not answered for 15 s while the unit is active: restarting it" in log, log
     assert rec < 45, rec
+
+
+def test_worker_host_cut_off_for_30s_comes_back_on_its_own(cluster):
+    """A worker host's link goes down for 30 s under load (not powered off: its processes live on). Its worker
+    loses its etcd lease and exits 0 (issue 12's journals: `Unable to maintain lease ... Runtime shutdown
+    initiated`); Restart=always brings it back once the link is up, with no manual step. The requests routed to it
+    before the frontend dropped it fail (they hang until the client's 30 s timeout); once it is dropped, the other
+    workers answer everything."""
+    key = list(cluster.heads)[-1]
+    host = key.split("/")[0]
+    netns = next(h["netns"] for h in testbed.load_state(NAME)["hosts"] if h["name"] == host)
+    restarts = int(on(host, "systemctl show -p NRestarts --value m3-worker@0"))
+    marks = {}
+
+    def cut():
+        subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "down"], check=True)
+        time.sleep(30)
+        subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "up"], check=True)
+        marks["up"] = time.monotonic()
+    stats, rec = drill(cluster, f"worker host {host} cut off for 30 s (link down), then back", cut,
+                       lambda t0: since(marks["up"], lambda: all_registered(cluster, 120)),
+                       note="recovery counted from the link's return: every worker listed under its running "
+                            "process; failures: requests routed to it before the frontend dropped it")
+    again = int(on(host, "systemctl show -p NRestarts --value m3-worker@0"))
+    assert again > restarts, f"{host}'s worker was not restarted by systemd ({restarts} -> {again} restarts)"
+    assert rec < 60, rec
+    # after the link's return nothing new fails: a failure after it is a request sent before it that timed out
+    def sent_before(t: float, why: str) -> bool:  # a timeout: it was sent LOAD_TIMEOUT_S before it failed
+        return why in ("TimeoutError", "APITimeoutError") and t - LOAD_TIMEOUT_S < marks["up"]
+    late = [(round(t - marks["up"], 1), why) for t, why in stats.failures
+            if t >= marks["up"] and not sent_before(t, why)]
+    assert not late, f"failed after the link came back (s after, reason): {late}; {stats.summary()}"
 
 
 def test_unreachable_host_changes_nothing(cluster):

@@ -16,12 +16,14 @@ import time
 
 import pytest
 
+from tbssh import state_dir, testbed_ssh
+
 pytestmark = pytest.mark.e2e
 
 NAME = "m3e2e"
 SUBNET = "10.78.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+STATE_DIR = state_dir(NAME)
 PROXY_CACHE = os.path.join(os.environ.get("M3_TESTBED_CACHE") or "/var/cache/m3deploy/testbed", "apt-cache", NAME)  # `down` keeps it
 APT_BOUND_S = 120  # 3 fresh hosts, cold proxy: ~10-15 s here (2 cores); issue 8 saw > 300 s
 CLI = [sys.executable, "-m", "m3deploy.testbed.cli"]
@@ -40,12 +42,7 @@ def state():
         return json.load(f)
 
 
-def ssh(host, cmd, *opts, check=True, timeout=120):
-    res = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", *opts, host, cmd],
-                         capture_output=True, text=True, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}")
-    return res
+ssh = testbed_ssh(NAME)
 
 
 @pytest.fixture(scope="session")

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from tbssh import state_dir, testbed_ssh
+
 pytestmark = pytest.mark.e2e
 
 NAME = "m3wfan"
 SUBNET = "10.93.0.0/24"
 REPO = Path(__file__).resolve().parents[2]
-STATE_DIR = f"/var/lib/m3deploy/testbed/{NAME}"
+STATE_DIR = state_dir(NAME)
 MODEL = "MiniMaxAI/MiniMax-M3"  # group_data/testbed.py's model id: the repo the plan stages
 FOLDER = "/var/lib/m3/hf/hub/models--MiniMaxAI--MiniMax-M3"
 DATA = {"m3_weights_source": "controller", "m3_mock_repo_mb": 40, "m3_weights_fanout": 1}
@@ -39,11 +41,7 @@ def tb(*args, timeout=300):
     assert r.returncode == 0, f"testbed {args}: {r.stdout}{r.stderr}"
 
 
-def ssh(host, cmd, check=True):
-    r = subprocess.run(["ssh", "-F", f"{STATE_DIR}/ssh_config", host, cmd], capture_output=True, text=True,
-                       timeout=120)
-    assert not check or r.returncode == 0, f"{host}: {cmd}: {r.stdout}{r.stderr}"
-    return r
+ssh = testbed_ssh(NAME)
 
 
 def deploy(config) -> str:
