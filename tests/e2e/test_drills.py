@@ -4,8 +4,8 @@ chat, no retries) counts every request and every failure.
 
     M3_DRILLS_TESTBED=m3drl M3_DRILLS_SUBNET=10.84.0.0/24 python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py
 
-Opt-in (`-m drills`; the default run deselects them, see pyproject.toml): they take ~6 minutes of wall time
-on top of a deploy. The module brings its testbed up (1 control host + 3 mocker workers), deploys, runs the
+Opt-in (`-m drills`; the default run deselects them, see pyproject.toml): ~15 minutes on a 2-core machine, both
+testbeds' deploys included. The module brings its testbed up (1 control host + 3 mocker workers), deploys, runs the
 drills in file order, writes the figures (sent / ok / failed / recovery seconds per drill) to
 benchmarks/results/drills-<UTC start>.md, and brings the testbed down (M3_E2E_KEEP=1 keeps it).
 
