@@ -272,6 +272,7 @@ def render_apt_proxy_conf(bridge_ip: str, port: int = APT_PROXY_PORT) -> str:
         f'Acquire::http::Proxy "http://{bridge_ip}:{port}";\n'
         'Acquire::https::Proxy "DIRECT";\n'
         'Acquire::Languages "none";\n'
+        'Acquire::Retries "5";\n'  # and apt itself retries a failed download (with its backoff)
     )
 
 
@@ -307,6 +308,10 @@ def render_acng_conf(*, conf_dir, cache_dir, log_dir, bind, port, pid_file, sock
         # stops answering on a reused connection then stalls every host behind it for minutes (measured: 3 hosts,
         # apt-get update + install jq, > 200 s and none done; without reuse 19 s). docs/TESTBED.md has the details.
         "ReuseConnections: 0",
+        # A mirror that drops connections (seen in a cold CI run, 2026-12-01: 25 packages of docker.io's install
+        # answered "503 Connection closed, check DlMaxRetries" on two hosts at once): retry more than the
+        # default 2 times before the host's apt sees a failure.
+        "DlMaxRetries: 8",
         "",
     ])
 

@@ -12,7 +12,7 @@ def state_dir(name: str) -> str:
     return f"{STATE_ROOT}/{name}"
 
 
-def testbed_ssh(name: str):
+def ssh_to(name: str):
     """ssh(host, cmd, *ssh_opts, check=True, timeout=120) -> CompletedProcess on testbed `name`; with check, a
     non-zero exit fails the test with the host, the command and its output."""
     config = f"{state_dir(name)}/ssh_config"

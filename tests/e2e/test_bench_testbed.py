@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, testbed_ssh
+from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def m3bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return _run([sys.executable, "-m", "m3deploy.cli", "bench", "inventories/testbed.py", *args], timeout=timeout)
 
 
-ssh = testbed_ssh(NAME)
+ssh = ssh_to(NAME)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tbssh import state_dir, testbed_ssh
+from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -148,7 +148,7 @@ def assert_verify_passes(inventory: str = INVENTORY):
 
 
 # ------------------------------------------------------------------------------------------ host state
-ssh = testbed_ssh(NAME)
+ssh = ssh_to(NAME)
 
 
 def plan_units() -> dict[str, list[str]]:

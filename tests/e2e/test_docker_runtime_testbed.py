@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, testbed_ssh
+from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,7 @@ def deploy(*extra) -> tuple[int, str, int]:
     return res.returncode, res.stdout, 0 if m[2] == "-" else int(m[2])
 
 
-ssh = testbed_ssh(NAME)
+ssh = ssh_to(NAME)
 
 
 def main_pids() -> dict[str, str]:

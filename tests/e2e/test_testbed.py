@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, testbed_ssh
+from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,7 @@ def state():
         return json.load(f)
 
 
-ssh = testbed_ssh(NAME)
+ssh = ssh_to(NAME)
 
 
 @pytest.fixture(scope="session")

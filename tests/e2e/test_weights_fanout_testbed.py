@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tbssh import state_dir, testbed_ssh
+from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ def tb(*args, timeout=300):
     assert r.returncode == 0, f"testbed {args}: {r.stdout}{r.stderr}"
 
 
-ssh = testbed_ssh(NAME)
+ssh = ssh_to(NAME)
 
 
 def deploy(config) -> str:
