@@ -30,8 +30,10 @@ def deploy_runtime():
     if not docker["present"]:
         if hp.gpus > 0:  # GPU hosts: the OSes the GPU roles support; else (the testbed) the distribution's docker.io
             _gpu.require_ubuntu("install docker")
+        # without Recommends, as etcd, NATS and rsync: docker.io's are git, needrestart (restarts services on
+        # upgrades: unwanted on a serving host), apparmor, cgroupfs-mount, xz-utils, ca-certificates
         apt.packages(name="Install the Docker engine", packages=settings.get(host.data, "m3_docker_packages"),
-                     update=True, cache_time=3600, extra_install_args=_gpu.APT_LOCK)
+                     update=True, cache_time=3600, no_recommends=True, extra_install_args=_gpu.APT_LOCK)
     st = services.get("docker") or {}
     if not (st.get("active") == "active" and st.get("enabled") == "enabled"):
         systemd.service(name="Enable and start docker", service="docker", running=True, enabled=True)
