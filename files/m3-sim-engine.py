@@ -130,17 +130,18 @@ def run_mocker(argv: list[str]) -> None:
         return parsed[-1]
 
     async def unregister_then_shutdown(runtimes: list) -> None:  # replaces the mocker's immediate shutdown
-        from dynamo.common.utils.graceful_shutdown import get_grace_period_seconds
+        """Dynamo's own graceful_shutdown_with_discovery, which dynamo.vllm's signal handler runs, over every
+        mocker runtime of this process: it unregisters their endpoints, waits the grace period, then shuts them
+        down (the first by itself; the others in its cleanup step, just before it)."""
+        from dynamo.common.utils.graceful_shutdown import graceful_shutdown_with_discovery
 
         path = parsed[-1].endpoint.removeprefix("dyn://")
-        for runtime in runtimes:
-            try:
-                await runtime.endpoint(path).unregister_endpoint_instance()
-            except Exception as e:  # the binding raises the base Exception; shut down regardless
-                print(f"m3-sim-engine: unregistering {path} failed: {e}", file=sys.stderr, flush=True)
-        await asyncio.sleep(get_grace_period_seconds())
-        for runtime in runtimes:
-            runtime.shutdown()
+
+        async def shutdown_the_others() -> None:
+            for runtime in runtimes[1:]:
+                runtime.shutdown()
+        await graceful_shutdown_with_discovery(runtimes[0], [r.endpoint(path) for r in runtimes],
+                                               cleanup_callback=shutdown_the_others)
 
     mocker.parse_args = keep_args
     mocker.graceful_shutdown = unregister_then_shutdown
