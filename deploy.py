@@ -4,8 +4,8 @@ Builds and validates the cluster plan before any operation (an invalid plan stop
 problem listed, and no host is changed), then calls the roles in order for the current host's groups.
 Ordering and gating only: flags, env and images come from the plan; install steps live in roles/.
 
-Order: preflight -> drivers -> container runtime -> the host's manifest (/etc/m3/manifest.json: what teardown
-removes) -> artifacts -> images -> weights -> etcd -> NATS (healthy)
+Order: preflight -> apt's retry setting -> drivers -> container runtime -> the host's manifest
+(/etc/m3/manifest.json: what teardown removes) -> artifacts -> images -> weights -> etcd -> NATS (healthy)
 -> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request -> the
 deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
 pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
@@ -32,6 +32,7 @@ except M3Error as e:
     raise InvalidPlan(f"the controller could not prepare the deploy, nothing was changed:\n{e}") from None
 
 from roles._rollout import roll_workers  # noqa: E402
+from roles.apt import configure_apt  # noqa: E402
 from roles.artifacts import deploy_artifacts  # noqa: E402
 from roles.drivers import deploy_drivers  # noqa: E402
 from roles.etcd import deploy_etcd  # noqa: E402
@@ -63,6 +64,7 @@ if plan.state == "absent":
     teardown()
 else:
     preflight()
+    configure_apt()  # before any apt operation: retries without the delay that can hang apt (files/m3-apt.conf)
     containers = any(s.image for s in hp.services)  # GPU engines; mocker workers with m3_runtime=docker
     if hp.gpus:
         deploy_drivers()

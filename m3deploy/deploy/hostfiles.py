@@ -1,9 +1,10 @@
 """Every file the deploy writes on a host, as pure text: the one owner of that text for the roles (which ship
 exactly what `host_files` returns) and for `m3deploy render` (which writes it into a directory for review).
 
-`host_files(cp, hp, secrets)` -> [HostFile], in deploy order: per service its 0600 env file and its unit
+`host_files(cp, hp, secrets)` -> [HostFile], in deploy order: apt's retry setting (`APT_CONF`, before the
+host's first apt operation), the host's manifest (`MANIFEST`), then per service its 0600 env file and its unit
 (etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
-simulated engines' script, the nats-server mask (a link to /dev/null), and the host's manifest (`MANIFEST`).
+simulated engines' script and the nats-server mask (a link to /dev/null).
 `secrets=None` masks every secret value (`KEY=<secret: NAME>`): what render writes; the roles pass the
 controller's store (m3deploy.controller.secrets).
 
@@ -44,6 +45,7 @@ M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
 AUTH_SCRIPT = f"{LIB_DIR}/m3-etcd-auth.py"
 WATCHDOG = f"{LIB_DIR}/m3-watchdog.py"
+APT_CONF = "/etc/apt/apt.conf.d/80m3deploy"  # files/m3-apt.conf: apt's retries without the delay that can hang
 WATCHDOG_UNIT = "m3-frontend-watchdog.service"
 WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restart while etcd is away is harmless
 NATS_MASK = f"{UNIT_DIR}/nats-server.service"
@@ -169,6 +171,11 @@ def project_file(source: str, dest: str, mode: str = "0755") -> HostFile:
     return HostFile(dest, (REPO / source).read_text(), mode=mode, source=source)
 
 
+def apt_conf() -> HostFile:
+    """apt's retry setting (files/m3-apt.conf says why), on every host before its first apt operation."""
+    return project_file("files/m3-apt.conf", APT_CONF, mode="0644")
+
+
 def auth_script() -> HostFile:
     """ExecStartPost of etcd.service with auth: turns authentication on, creates Dynamo's user."""
     return project_file("files/m3-etcd-auth.py", AUTH_SCRIPT)
@@ -218,8 +225,9 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
 
 
 def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
-    """Every file the deploy writes on this host: the manifest first, then the services' files."""
-    return [manifest_file(cp, hp), *service_files(cp, hp, secrets)]
+    """Every file the deploy writes on this host: apt's retry setting and the manifest first, then the services'
+    files."""
+    return [apt_conf(), manifest_file(cp, hp), *service_files(cp, hp, secrets)]
 
 
 # ------------------------------------------------------------------------------------------- the manifest
@@ -254,7 +262,7 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
             # the images m3deploy made (the stand-in engine image, Dynamo worker images built on the host); a vendor
             # image stays: the host may share it, and it is tens of GB to fetch again
             "images": list(dict.fromkeys(s.image for s in svcs if s.image and built_here(s.image))),
-            "files": list(dict.fromkeys([*files, MANIFEST])), "links": links,
+            "files": list(dict.fromkeys([*files, APT_CONF, MANIFEST])), "links": links,
             "dirs": list(dict.fromkeys([*dirs, ETC_DIR])),
             "caches": list(dict.fromkeys(filter(None, caches))),
             "venvs": venvs, "empty_dirs": list(dict.fromkeys(empty)),
@@ -304,7 +312,7 @@ def removal_problem(key: str, entry) -> str:
         if posixpath.normpath(entry) != entry:
             return f"{entry!r} is not a normalized path"
         parent, name = posixpath.split(entry)
-        if parent in (ETC_DIR, LIB_DIR) or (parent == UNIT_DIR and _M3_UNIT.match(name)):
+        if parent in (ETC_DIR, LIB_DIR) or entry == APT_CONF or (parent == UNIT_DIR and _M3_UNIT.match(name)):
             return ""
         return teardown_path_problem(entry)
     if key == "units":

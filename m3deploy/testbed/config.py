@@ -272,7 +272,11 @@ def render_apt_proxy_conf(bridge_ip: str, port: int = APT_PROXY_PORT) -> str:
         f'Acquire::http::Proxy "http://{bridge_ip}:{port}";\n'
         'Acquire::https::Proxy "DIRECT";\n'
         'Acquire::Languages "none";\n'
-        'Acquire::Retries "5";\n'  # and apt itself retries a failed download (with its backoff)
+        'Acquire::Retries "5";\n'  # and apt itself retries a failed download ...
+        # ... at once, not after a delay: apt < 3.0.3 (Debian 12's 2.6.1) can wait forever on a delayed retry when
+        # another file of the same server is queued behind it (apt commit 5378c38d, LP #2003851; measured here:
+        # 1 `apt-get update` in ~10 on 3 fresh hosts hung when the proxy answered one InRelease 503).
+        'Acquire::Retries::Delay "false";\n'
     )
 
 

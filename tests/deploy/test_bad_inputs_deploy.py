@@ -58,8 +58,9 @@ def test_teardown_deletes_only_confined_paths_and_stamped_venvs(deploy_file):
     for name in ("ctl", "w1"):
         ops = run.for_host(name)
         removed = [n.split(" | Remove ", 1)[1] for op in ops for n in op.names if " | Remove /" in n]
-        bad = [p for p in removed if not p.startswith(("/opt/m3/", "/var/lib/m3", "/etc/m3", "/etc/systemd/system/",
-                                                       "/usr/local/lib/m3/"))]
+        bad = [p for p in removed if p != "/etc/apt/apt.conf.d/80m3deploy" and not p.startswith(
+            ("/opt/m3/", "/var/lib/m3", "/etc/m3", "/etc/systemd/system/", "/usr/local/lib/m3/"))]
         assert removed and not bad, bad
+        assert "/etc/apt/apt.conf.d/80m3deploy" in removed, removed  # apt's retry setting (roles/apt.py)
         venvs = next(op for op in ops if op.name.startswith("Tear down the MiniMax-M3 stack | Remove m3's venvs"))
         assert "/opt/m3/dynamo-*" in venvs.commands[0] and "rmdir -- /opt/m3" in venvs.commands[0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -42,8 +43,8 @@ INVENTORIES = ["gb200", "h200", "b200", "mi300x", "mi355x", "mi355x_mxfp4"]
 HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
-ROLE_ORDER = ["Preflight", "GPU drivers", "Container runtime", "Write the deploy manifest", "Ship Dynamo artifacts",
-              "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
+ROLE_ORDER = ["Preflight", "Configure apt's retries", "GPU drivers", "Container runtime", "Write the deploy manifest",
+              "Ship Dynamo artifacts", "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
               "Roll the workers", "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
@@ -280,6 +281,10 @@ def assert_role_order(run, cluster: Cluster):
         got = roles_of(ops)
         idx = [ROLE_ORDER.index(r) for r in got]  # an unknown role fails here, naming it
         assert idx == sorted(idx), (name, got)
+        # apt's retry setting is on the host before any apt command (files/m3-apt.conf: apt < 3.0.3 can hang)
+        apt_ops = [i for i, o in enumerate(ops) if any(re.search(r"\bapt-get\b|\bdpkg -i\b", c) for c in o.commands)]
+        conf = [i for i, o in enumerate(ops) if "/etc/apt/apt.conf.d/80m3deploy" in o.uploads]
+        assert not apt_ops or (conf and conf[0] < apt_ops[0]), (name, [ops[i].name for i in apt_ops[:1]], conf)
         if not hp.gpus:
             assert not set(got) & GPU_ROLES, (name, got)
             assert "Deploy the workers" not in got, (name, got)
@@ -415,8 +420,9 @@ def test_provisioned_cluster_only_renders_and_starts_units(inv, cluster_run, con
                     " download ", "reboot"):
             assert bad not in cmds, (name, bad)
         if hp.gpus:
-            # the manifest (absent on these fake hosts: every file is new to them), then the workers
-            assert got[:2] == ["Write the deploy manifest", "Deploy the workers"], (name, got)
+            # apt's retry setting and the manifest (absent on these fake hosts: every file is new to them), then
+            # the workers
+            assert got[:3] == ["Configure apt's retries", "Write the deploy manifest", "Deploy the workers"], (name, got)
     check_worker_units(run, cluster, controller)
     # the serving check runs once, on the endpoint's host, last
     owners = [n for n, ops in run.ops_by_host.items() if any(role(o.name) == "Check the cluster is serving" for o in ops)]
@@ -436,13 +442,14 @@ def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
         if not hp.gpus:
             continue
         got = roles_of(ops)
-        assert got[:5] == ["GPU drivers", "Container runtime", "Write the deploy manifest", "Container images",
-                           "Model weights"], (name, got)
-        assert got[5] == "Deploy the workers", (name, got)
+        assert got[:6] == ["Configure apt's retries", "GPU drivers", "Container runtime", "Write the deploy manifest",
+                           "Container images", "Model weights"], (name, got)
+        assert got[6] == "Deploy the workers", (name, got)
         names = [short(o, name) for o in ops]
         # no m3_allow_reboot: the driver install stops the host with its name before anything runs on the GPUs
         stop = names.index(f"Stop: @fake/{name} needs a reboot")
-        assert all(role(o.name) == "GPU drivers" for o in ops[: stop + 1])
+        assert role(ops[0].name) == "Configure apt's retries", (name, ops[0].name)
+        assert all(role(o.name) == "GPU drivers" for o in ops[1: stop + 1])
         if hp.gpu_vendor == "nvidia":
             drv = op(ops, next(n for n in names if n.startswith("Install nvidia-driver-580-open")))
             assert any("install -o DPkg::Lock::Timeout=900 nvidia-driver-580-open" in c for c in drv.commands)
@@ -578,7 +585,8 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     cluster, run = cluster_run("gb200")
     ctl, t1, t2 = (h.name for h in cluster.hosts)
     assert cluster.plan.host(ctl).groups == ("control",)
-    assert roles_of(run.for_host(ctl)) == ["Write the deploy manifest", "Ship Dynamo artifacts", "Deploy etcd",
+    assert roles_of(run.for_host(ctl)) == ["Configure apt's retries", "Write the deploy manifest",
+                                           "Ship Dynamo artifacts", "Deploy etcd",
                                            "Deploy NATS", "Deploy the Dynamo frontend", "Roll the workers",
                                            "Check the cluster is serving", "Record the deployment"]
     units = {}

@@ -443,10 +443,13 @@ def test_teardown_keep_caches_then_deploy_brings_it_back(deployed):
 
 
 def test_full_teardown_leaves_nothing(deployed):
+    apt_conf = "/etc/apt/apt.conf.d/80m3deploy"  # apt's retry setting, on every host the deploy touched (roles/apt.py)
+    for h in HOSTS:
+        assert 'Acquire::Retries::Delay "false";' in ssh(h, f"cat {apt_conf}").stdout, h
     deploy_ok("--data", "m3_state=absent")
     _assert_stack_gone()
     for h in HOSTS:
-        for p in (VENV, WHEELHOUSE, "/var/lib/m3"):
+        for p in (VENV, WHEELHOUSE, "/var/lib/m3", apt_conf):
             assert not exists(h, p), f"{h}: {p} left after a full teardown"
         assert ssh(h, "getent passwd m3", check=False).returncode != 0, f"{h}: system user m3 left"
     for pkg in ("etcd-server", "nats-server"):

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, ssh_to
+from tbssh import apt_diagnostics, state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -180,26 +180,7 @@ def test_inventory_without_testbed_names_the_fix():
     assert res.returncode != 0 and "m3deploy testbed up 3 --name m3none" in res.stderr
 
 
-def _apt_diagnostics(st, hosts, log_dir=None, port=None):
-    """What to look at when apt through the proxy stalls: the proxy's log, its connections, apt/dpkg on each host."""
-    log_dir = log_dir or os.path.join(st["state_dir"], "apt-proxy", "log")
-    port = port or st["apt_proxy"]["url"].rsplit(":", 1)[1]
-    out = []
-    for f in ("apt-cacher.err", "apt-cacher.log"):
-        try:
-            out.append(f"--- {log_dir}/{f} (tail)\n" + "".join(open(os.path.join(log_dir, f)).readlines()[-15:]))
-        except OSError as exc:
-            out.append(f"--- {log_dir}/{f}: {exc}")
-    conns = subprocess.run(["ss", "-Htn", "state", "all", f"( sport = :{port} )"], capture_output=True, text=True)
-    out.append(f"--- proxy connections (ss)\n{conns.stdout}")
-    for h in hosts:
-        ps = ssh(h, "ps -eo pid,etime,comm,args | awk '$3 ~ /^(apt|apt-get|dpkg|http|gpgv|sqv)$/'",
-                 check=False, timeout=20)
-        out.append(f"--- {h}: apt/dpkg processes\n{ps.stdout}{ps.stderr}")
-    return "\n".join(out)
-
-
-def _exec_on_every_host(command, bound_s, **diag):
+def _exec_on_every_host(command, bound_s):
     """`pyinfra -y inventories/testbed.py exec -- COMMAND` on every host at once, as a user runs it. Returns the
     seconds it took; fails with the proxy's log and connections and each host's apt processes when any host does
     not finish within bound_s."""
@@ -216,9 +197,9 @@ def _exec_on_every_host(command, bound_s, **diag):
                           for b in (exc.stdout, exc.stderr))  # pyinfra prints the hosts' output on stderr
         done = [h for h in hosts if f"[{h}] Success" in partial]
         pytest.fail(f"`{command}` on {len(hosts)} hosts at once did not finish in {bound_s} s "
-                    f"(finished: {done or 'none'}):\n{partial[-3000:]}\n{_apt_diagnostics(st, hosts, **diag)}")
+                    f"(finished: {done or 'none'}):\n{partial[-3000:]}\n{apt_diagnostics(NAME, hosts)}")
     out = res.stdout + res.stderr
-    assert res.returncode == 0, f"{out[-3000:]}\n{_apt_diagnostics(st, hosts, **diag)}"
+    assert res.returncode == 0, f"{out[-3000:]}\n{apt_diagnostics(NAME, hosts)}"
     assert [h for h in hosts if f"[{h}] Success" not in out] == [], out[-3000:]
     return time.monotonic() - t0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tbssh import state_dir, ssh_to
+from tbssh import apt_diagnostics, state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
@@ -48,9 +48,16 @@ def deploy(config) -> str:
     args = ["pyinfra", "-y", "inventories/testbed.py", "benchmarks/weights_deploy.py"]
     for k, v in DATA.items():
         args += ["--data", f"{k}={v}"]
-    env = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CONFIG": str(config), "PYTHONPATH": str(REPO)}
-    r = subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
+    # unbuffered: on a timeout, the output shows which hosts had finished the op that stalled
+    env = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CONFIG": str(config), "PYTHONPATH": str(REPO),
+           "PYTHONUNBUFFERED": "1"}
+    try:
+        r = subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"the deploy did not finish in 600 s:\n{partial[-4000:]}\n"
+                    f"{apt_diagnostics(NAME, [f'{NAME}-01', *WORKERS])}")
     assert r.returncode == 0, r.stdout[-6000:]
     return r.stdout
 
