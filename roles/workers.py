@@ -9,7 +9,8 @@ m3_rollout_max_unavailable: only the units whose unit file or env file (or that 
 one engine instance at a time by roles/_rollout.py (m3_rollout="rolling", the default), or here, per host, all
 at once (`_if=op.did_change`, m3_rollout="all-at-once"). A container worker also restarts when roles/images.py put a
 new image under its image's name on the host in this run (`image_changed`).
-Native workers run as system user m3; container workers as root (docker).
+Native workers run as system user m3; container workers as root (docker). Dynamo workers' units revoke the
+discovery records a killed process of theirs left (ExecStopPost, files/m3-unregister-dead.py, shipped here).
 """
 from pyinfra.api import deploy
 from pyinfra.operations import python
@@ -39,6 +40,8 @@ def deploy_workers():
     sim = []
     if any(hostfiles.uses_sim_engine(s) for s in workers):  # native mocker/scripted engines (core.simengine); in a
         sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))  # container the stand-in image holds it
+    if any(hostfiles.unregisters_dead(s) for s in workers):  # read by the units' ExecStopPost: no restart on change
+        u.ship(hostfiles.unregister_script(), name=f"Ship {hostfiles.UNREGISTER_DEAD}")
     for s in workers:
         u.ensure_workdir(s, hostfiles.service_user(s))
         unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")

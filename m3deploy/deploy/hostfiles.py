@@ -4,7 +4,8 @@ exactly what `host_files` returns) and for `m3deploy render` (which writes it in
 `host_files(cp, hp, secrets)` -> [HostFile], in deploy order: apt's retry setting (`APT_CONF`, before the
 host's first apt operation), the host's manifest (`MANIFEST`), then per service its 0600 env file and its unit
 (etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
-simulated engines' script and the nats-server mask (a link to /dev/null).
+workers' script that unregisters a killed process (files/m3-unregister-dead.py), the simulated engines' script
+and the nats-server mask (a link to /dev/null).
 `secrets=None` masks every secret value (`KEY=<secret: NAME>`): what render writes; the roles pass the
 controller's store (m3deploy.controller.secrets).
 
@@ -45,6 +46,7 @@ M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
 AUTH_SCRIPT = f"{LIB_DIR}/m3-etcd-auth.py"
 WATCHDOG = f"{LIB_DIR}/m3-watchdog.py"
+UNREGISTER_DEAD = f"{LIB_DIR}/m3-unregister-dead.py"  # a worker unit's ExecStopPost: files/m3-unregister-dead.py
 APT_CONF = "/etc/apt/apt.conf.d/80m3deploy"  # files/m3-apt.conf: apt's retries without the delay that can hang
 WATCHDOG_UNIT = "m3-frontend-watchdog.service"
 WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restart while etcd is away is harmless
@@ -119,6 +121,13 @@ def etcd_auth(s: Service) -> bool:
     return s.kind == "etcd" and any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
 
 
+def unregisters_dead(s: Service) -> bool:
+    """A Dynamo worker (it registers in etcd over the TCP request plane): its unit revokes the records a killed
+    process of it left (files/m3-unregister-dead.py)."""
+    env = dict(s.env)
+    return s.kind in ("worker", "scripted") and "ETCD_ENDPOINTS" in env and "DYN_TCP_RPC_HOST" in env
+
+
 def has_watchdog(s: Service) -> bool:
     return s.kind == "frontend" and bool(s.readiness) and s.readiness.kind == "http"
 
@@ -142,6 +151,8 @@ def env_file(s: Service, secrets) -> HostFile:
 
 def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
+    if s.kind in ("worker", "scripted"):
+        extra["unregister_script"] = UNREGISTER_DEAD if unregisters_dead(s) else ""
     text = render(TEMPLATES[s.kind], cluster=cp.name, service=s, user=service_user(s),
                   timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
                   **extra)
@@ -181,6 +192,10 @@ def auth_script() -> HostFile:
     return project_file("files/m3-etcd-auth.py", AUTH_SCRIPT)
 
 
+def unregister_script() -> HostFile:
+    return project_file("files/m3-unregister-dead.py", UNREGISTER_DEAD)
+
+
 def watchdog_script() -> HostFile:
     return project_file("files/m3-watchdog.py", WATCHDOG)
 
@@ -218,6 +233,8 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out += [nats_mask(), nats_conf(cp, s)]
         if s is next((w for w in hp.services if uses_sim_engine(w)), None):
             out.append(sim_engine())  # once, before the first unit that runs it
+        if s is next((w for w in hp.services if unregisters_dead(w)), None):
+            out.append(unregister_script())  # once, before the first unit that runs it
         out += [env_file(s, secrets), unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ class Stats:
     failed: int = 0
     errors: collections.Counter = field(default_factory=collections.Counter)
     failures: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), reason) of each failure
+    # (UTC wall time, reason, the error's message) of each failure: to find it in the hosts' journals
+    details: list[tuple[str, str, str]] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
 
@@ -75,6 +78,8 @@ class _Runner:
                 self.stats.failed += 1
                 self.stats.errors[_reason(e)] += 1
                 self.stats.failures.append((time.monotonic(), _reason(e)))
+                self.stats.details.append((datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f"),
+                                           _reason(e), str(e)[:300]))
                 await asyncio.sleep(0.05)  # a refused connection must not spin
 
     async def _main(self) -> None:
@@ -113,7 +118,7 @@ def main(argv=None) -> None:
     r.stats.ended = time.monotonic()
     s = r.stats
     print(json.dumps({"sent": s.sent, "ok": s.ok, "failed": s.failed, "errors": dict(s.errors),
-                      "failures": s.failures, "started": s.started, "ended": s.ended}))
+                      "failures": s.failures, "details": s.details, "started": s.started, "ended": s.ended}))
 
 
 class Load:
@@ -144,7 +149,8 @@ class Load:
             d = json.loads(out.strip().splitlines()[-1])
             self.stats = Stats(sent=d["sent"], ok=d["ok"], failed=d["failed"],
                                errors=collections.Counter(d["errors"]),
-                               failures=[tuple(f) for f in d["failures"]], started=d["started"], ended=d["ended"])
+                               failures=[tuple(f) for f in d["failures"]],
+                               details=[tuple(f) for f in d.get("details", [])], started=d["started"], ended=d["ended"])
         return self.stats
 
     def __exit__(self, *exc) -> None:

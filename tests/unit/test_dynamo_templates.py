@@ -1,10 +1,12 @@
 """Rendering of the control-plane/worker templates from hand-built plans (no SSH)."""
+import dataclasses
 import re
 import shlex
 
 import pytest
 
 from m3deploy.core.errors import M3Error
+from m3deploy.deploy import hostfiles
 from m3deploy.deploy.render import env_line, render, service_env, systemd_arg, systemd_argv
 from roles._units import restart_s
 from sample_plans import gpu_worker, sim_plan
@@ -23,7 +25,7 @@ def all_services():
 def unit(s, **kw):
     return render(TEMPLATE[s.kind], cluster="testbed", service=s, user="root", timeout_start_s=150,
                   stop_timeout_s=30, restart_s=restart_s(s), auth_script="/usr/local/lib/m3/m3-etcd-auth.py",
-                  **kw)
+                  unregister_script="", **kw)
 
 
 def systemd_split(line):
@@ -117,6 +119,40 @@ def test_nats_conf_binds_planned_addresses_and_has_no_secret():
     assert "0.0.0.0" not in text
     assert "authorization" not in render("nats.conf.j2", cluster="t", service=s, client=ports["client"],
                                          monitor=ports["monitor"], store_dir="/x", auth=False, max_payload=1)
+
+
+@pytest.mark.parametrize("s", [s for s in all_services() if s.kind == "worker"], ids=lambda s: f"{s.host}-{s.name}")
+def test_a_killed_dynamo_worker_is_unregistered_before_its_restart(s):
+    """A SIGKILLed process leaves its etcd records for its lease's 30 s and the frontend keeps routing there
+    (files/m3-unregister-dead.py). systemd runs ExecStopPost after every stop, a kill included, before the restart;
+    `-` ignores its failure, `+` runs it as root (the env file is 0600 root, the unit's User= may be m3), and the env
+    file's path is its only argument besides the dialect: no secret in argv. A container's `docker run` client can
+    die while its container lives on: its unit also runs it after the `docker rm -f` of the next start."""
+    text = hostfiles.unit_file(sim_plan(), s).text
+    posts = [ln for ln in text.splitlines() if ln.startswith("ExecStopPost=")]
+    dialect = "docker" if s.image else "systemd"
+    assert len(posts) == 1 and posts[0].startswith("ExecStopPost=-+"), posts
+    assert systemd_split(posts[0].split("=-+", 1)[1]) == ["/usr/bin/python3", hostfiles.UNREGISTER_DEAD, s.env_file,
+                                                          dialect]
+    pres = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("ExecStartPre=")]
+    if s.image:
+        assert pres[0].startswith("-/usr/bin/docker rm -f ") and pres[1] == posts[0].split("=", 1)[1], pres
+    else:
+        assert pres == []
+    for v in SECRETS.values():
+        assert v not in text
+    # and the script is on the host, once, before the first unit that runs it
+    hp = next(h for h in sim_plan().hosts if any(x.kind == "worker" for x in h.services))
+    paths = [f.path for f in hostfiles.service_files(sim_plan(), hp, None)]
+    assert paths.count(hostfiles.UNREGISTER_DEAD) == 1
+    assert paths.index(hostfiles.UNREGISTER_DEAD) < paths.index(f"/etc/systemd/system/{hp.services[0].unit}")
+
+
+def test_a_worker_without_dynamo_has_no_unregister_step():
+    """Standalone vLLM registers nowhere: no ExecStopPost, no script."""
+    s = dataclasses.replace(gpu_worker("g1", "10.0.0.9", "10.77.0.2"),
+                            env=(("HF_HUB_OFFLINE", "1"),), secret_env=())
+    assert "m3-unregister-dead" not in hostfiles.unit_file(sim_plan(), s).text
 
 
 def test_etcd_unit_runs_auth_script_only_when_asked():
