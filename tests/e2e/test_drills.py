@@ -180,8 +180,10 @@ def drill(c: Cluster, name: str, fault, recover, note: str = "", settle_s: float
     RESULTS.append({"drill": name, "stats": stats, "recovery": recovery,
                     "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
     print(f"{name}: {stats.summary()}; recovery {recovery:.1f} s")
-    for when, why, msg in stats.details:  # UTC, to read the hosts' journals at that moment
+    for when, why, msg in stats.details[:10]:  # UTC, to read the hosts' journals at that moment
         print(f"  failed at {when} UTC: {why}: {msg}")
+    if len(stats.details) > 10:
+        print(f"  ... {len(stats.details) - 10} more failures, the last at {stats.details[-1][0]} UTC")
     return stats, recovery
 
 
