@@ -22,6 +22,7 @@ import time
 import pytest
 
 from test_etcd_auth_script import Etcd, _login, _post, _run_script
+from test_etcd_auth_script import _port as _free_port  # bound and closed again: nobody listens on it
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "files", "m3-unregister-dead.py")
@@ -30,13 +31,6 @@ PASSWORD = "m3p-dynamo-1"
 
 def _b64(s: str) -> str:
     return base64.b64encode(s.encode()).decode()
-
-
-def _free_port() -> int:
-    """A port nobody listens on (bound and closed again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _register(url: str, token: str, host: str, port: int) -> str:
