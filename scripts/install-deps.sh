@@ -1,14 +1,40 @@
 #!/usr/bin/env bash
-# Installs what m3deploy needs on the controller (this machine): Debian packages for the local testbed and the
-# loopback tests, and the project itself with its Python dependencies. Idempotent. Run as root.
+# Installs what m3deploy needs on the controller (this machine), as root, idempotently:
+# - Debian/Ubuntu packages for the local testbed and the loopback tests (apt-get);
+# - m3deploy itself, editable from this clone, in a virtual environment this script owns
+#   (/opt/m3deploy/venv, or $M3DEPLOY_VENV), made with the distribution's own Python (/usr/bin/python3, or
+#   $M3DEPLOY_PYTHON; 3.10 to 3.12). The distribution's site-packages are never touched: Debian 12 and Ubuntu
+#   24.04 mark their python3 EXTERNALLY-MANAGED (PEP 668) and refuse `pip install`, and this script never passes
+#   --break-system-packages. `m3deploy` and `pyinfra` are linked into /usr/local/bin.
+#
+#   bash scripts/install-deps.sh            what the demo needs
+#   bash scripts/install-deps.sh --bench    ...and what `m3deploy bench` needs: matplotlib (its plots) and the testbed's
+#                                           benchmark client, NVIDIA AIPerf, in its own venv
+#   bash scripts/install-deps.sh --test     ...and the test tools (ruff, import-linter); scripts/test.sh passes both
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ]; then echo "scripts/install-deps.sh: run as root (the testbed needs network namespaces)" >&2; exit 1; fi
+want_bench=0 want_test=0
+for a in "$@"; do
+  case "$a" in
+    --bench) want_bench=1 ;;
+    --test) want_test=1 ;;
+    *) echo "scripts/install-deps.sh: unknown option $a (options: --bench, --test)" >&2; exit 2 ;;
+  esac
+done
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/install-deps.sh: run as root (apt-get, and the testbed needs network namespaces). Without root, install" \
+       "m3deploy by hand into a venv: README.md \"Installing by hand\"" >&2
+  exit 1
+fi
+py="${M3DEPLOY_PYTHON:-/usr/bin/python3}"
+venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
+
+# python3-venv: Debian and Ubuntu ship the venv module's pip (ensurepip) in a package of its own.
 # openssl: the etcd JWT key pair of tests/unit/test_etcd_auth_script.py; rsync: the controller's weights push
 # (m3_weights_source=controller); docker.io: the stand-in engine image and tests/e2e/test_docker_runtime_testbed.py
 # (which runs its own dockerd on a private socket)
-pkgs=(systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server curl ca-certificates openssl
-      rsync docker.io)
+pkgs=(python3 python3-venv systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server
+      curl ca-certificates openssl rsync docker.io)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -24,15 +50,40 @@ if [ ${#missing[@]} -gt 0 ]; then
   # the distribution's dockerd (default bridge and iptables rules) would cut the testbeds' bridges
   systemctl disable --now docker.service docker.socket >/dev/null 2>&1 || true
 fi
-echo "== pip install -e . (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra, matplotlib)"
-python3 -m pip install -q --disable-pip-version-check -e ".[mocker,bench]"
-# `m3deploy bench` on the testbed: NVIDIA AIPerf (the version pinned in pyproject's `bench-client` extra) in its own
-# venv, so its pins (rich~=14.1, pandas, pillow, ...) never replace this environment's.
-aiperf_pin=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench-client"][0])')
-aiperf_venv="/opt/m3deploy/aiperf-${aiperf_pin#*==}"
-if ! "$aiperf_venv/bin/aiperf" --version >/dev/null 2>&1; then
-  echo "== $aiperf_pin into $aiperf_venv (the testbed's benchmark client)"
-  python3 -m venv "$aiperf_venv"
-  "$aiperf_venv/bin/python" -m pip install -q --disable-pip-version-check "$aiperf_pin"
+
+# The distribution's Python, 3.10 to 3.12 (Ubuntu 22.04, Debian 12, Ubuntu 24.04).
+if ! "$py" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null; then
+  echo "scripts/install-deps.sh: $py is $("$py" --version 2>&1 || echo missing); m3deploy needs Python 3.10 to 3.12." \
+       "Fix: M3DEPLOY_PYTHON=/path/to/python3.X bash scripts/install-deps.sh" >&2
+  exit 1
 fi
-ln -sfn "$aiperf_venv/bin/aiperf" /usr/local/bin/aiperf
+pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+# A venv made by another Python (or a half-made one) is made anew.
+if ! "$venv/bin/python" -c "import sys; sys.exit(0 if '%d.%d' % sys.version_info[:2] == '$pyver' else 1)" 2>/dev/null \
+   || [ ! -x "$venv/bin/pip" ]; then
+  echo "== $py -m venv $venv (Python $pyver)"
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$py" -m venv "$venv"
+fi
+extras="mocker"
+[ "$want_bench" = 1 ] && extras="$extras,bench"
+[ "$want_test" = 1 ] && extras="$extras,test"
+echo "== $venv/bin/pip install -e .[$extras] (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra)"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+for tool in m3deploy pyinfra; do ln -sfn "$venv/bin/$tool" "/usr/local/bin/$tool"; done
+
+if [ "$want_bench" = 1 ]; then
+  # `m3deploy bench` on the testbed: NVIDIA AIPerf (the version pinned in pyproject's `bench-client` extra) in its
+  # own venv, so its pins (rich~=14.1, pandas, pillow, ...) never replace m3deploy's.
+  aiperf_pin=$(sed -n 's/^bench-client = \["\([^"]*\)"\]/\1/p' pyproject.toml)
+  case "$aiperf_pin" in aiperf==*) ;; *) echo "scripts/install-deps.sh: no bench-client pin in pyproject.toml" >&2; exit 1 ;; esac
+  aiperf_venv="/opt/m3deploy/aiperf-${aiperf_pin#*==}"
+  if ! "$aiperf_venv/bin/aiperf" --version >/dev/null 2>&1; then
+    echo "== $aiperf_pin into $aiperf_venv (the testbed's benchmark client)"
+    rm -rf "$aiperf_venv"
+    "$py" -m venv "$aiperf_venv"
+    "$aiperf_venv/bin/python" -m pip install -q --disable-pip-version-check "$aiperf_pin"
+  fi
+  ln -sfn "$aiperf_venv/bin/aiperf" /usr/local/bin/aiperf
+fi

@@ -477,9 +477,20 @@ def aiperf_exe() -> str:
     return str(here) if here.is_file() else (shutil.which("aiperf") or "aiperf")
 
 
-def need_aiperf() -> None:
-    exe = aiperf_exe()
-    if not (os.path.isfile(exe) or shutil.which(exe)):
-        raise M3Error(f"the aiperf client is not installed (no `aiperf` next to {sys.executable} or on PATH). "
-                      f"Fix: bash scripts/install-deps.sh (installs the version pinned in pyproject's "
-                      f"`bench-client` extra in its own venv), or pip install 'm3deploy[bench-client]'")
+INSTALL_HINT = "bash scripts/install-deps.sh --bench"  # the one command that installs what `m3deploy bench` needs
+
+
+def need_client(client: str) -> None:
+    """What a run needs on the controller, before any request is sent: matplotlib (the report's plots) and, for the
+    aiperf client, aiperf. The demo installs neither; the message names the one command that does."""
+    import importlib.util
+
+    missing = [] if importlib.util.find_spec("matplotlib") else [f"matplotlib (not importable by {sys.executable})"]
+    if client == "aiperf":
+        exe = aiperf_exe()
+        if not (os.path.isfile(exe) or shutil.which(exe)):
+            missing.append(f"the aiperf client (no `aiperf` next to {sys.executable} or on PATH)")
+    if missing:
+        raise M3Error(f"`m3deploy bench` needs {' and '.join(missing)}, which are not installed. Fix: {INSTALL_HINT} "
+                      f"(matplotlib into m3deploy's venv, and the aiperf version pinned in pyproject's `bench-client` "
+                      f"extra into its own venv); by hand: pip install 'm3deploy[bench,bench-client]'")

@@ -60,12 +60,12 @@ def bench(inventory, profile, input_len, output_len, num_prompts, concurrency, e
             return
         if (out / "report.json").is_file():
             if compare_dir:  # two finished runs: compare only
+                B.need_client("none")  # the plots' matplotlib
                 B.compare_dirs(Path(compare_dir), out, console)
                 return
             raise M3Error(f"{out}/report.json exists: a new run would overwrite it. Fix: another --out DIR "
                           f"(or --compare OLD --out {out} to compare that run with OLD without running)")
-        if who == "aiperf":
-            B.need_aiperf()
+        B.need_client(who)
         report = B.run(plan, inv, profile, w, out, who, console, image, timeout_s)
         click.echo(Path(out / "report.md").read_text())
         click.echo(f"report: {out}/ (report.json, report.md, " + ", ".join(

@@ -333,3 +333,24 @@ def test_gpu_run_is_vllm_bench_on_the_bench_host_then_its_result_file_read_back(
 def test_gpu_run_that_fails_shows_the_clients_output(tmp_path):
     with pytest.raises(M3Error, match=r"(?s)exited 1 \(concurrency 10\).*boom"):
         bench._run_vllm(shipped_plan("h200"), bench.SEED, 10, 100, tmp_path, FakeHosts({}, rc=1), None)
+
+
+def test_missing_bench_client_names_the_one_command_that_installs_it(tmp_path, monkeypatch):
+    """The demo installs no benchmark client (issue #21): `m3deploy bench` without aiperf says what installs it,
+    before any request is sent. PATH holds no aiperf here, and this venv has none beside its python."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    if Path(bench.aiperf_exe()).is_file():
+        pytest.fail(f"this test needs a Python without aiperf beside it; {bench.aiperf_exe()} exists")
+    with pytest.raises(M3Error) as e:
+        bench.need_client("aiperf")
+    assert "the aiperf client" in str(e.value) and "Fix: bash scripts/install-deps.sh --bench" in str(e.value)
+    bench.need_client("vllm")  # `vllm bench serve` runs in the worker's image: nothing more on the controller
+
+
+def test_missing_matplotlib_is_named_before_any_run(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a))
+    with pytest.raises(M3Error, match=r"matplotlib .*Fix: bash scripts/install-deps.sh --bench"):
+        bench.need_client("vllm")
