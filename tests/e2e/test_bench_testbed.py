@@ -1,5 +1,5 @@
 """End-to-end: `m3deploy bench` on a deployed testbed (needs root, the testbed's tools and aiperf:
-`bash scripts/install-deps.sh` installs it).
+`bash scripts/install-deps.sh --bench` installs it).
 
 One testbed for this module under its own name and range (bnch, 10.83.0.0/24: 1 control + 2 mocker workers),
 deployed with the user's command line (`pyinfra -y inventories/testbed.py deploy.py`, M3_TESTBED=bnch). Then, in
@@ -64,7 +64,7 @@ def bench_testbed():
         pytest.fail("the testbed needs root")
     for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng", "aiperf"):
         if not shutil.which(tool):
-            pytest.fail(f"{tool} missing: bash scripts/install-deps.sh")
+            pytest.fail(f"{tool} missing: bash scripts/install-deps.sh --bench")
     _testbed("down", "--name", NAME)  # a leftover of an interrupted run
     _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
     pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
