@@ -82,15 +82,24 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
-_URL_AUTHORITY = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^@/\s\"',]*@)?([^/\s\"',?#]*)")
+_URL_AUTHORITY = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://(?:[^@/\s\"',]*@)?([^/\s\"',?#]*)")
 
 
 def unbracketed_urls(values: Iterable[str]) -> list[str]:
     """The `scheme://host:port` authorities in `values` (JSON inside too) whose host is an IPv6 literal without
     brackets: RFC 3986 3.2.2 brackets it, and every parser (Go's net/url, ZMQ's tcp://, Rust's url) splits the
     port off at the last `:` of an unbracketed one."""
-    return [m.group(1) for v in values for m in _URL_AUTHORITY.finditer(str(v))
+    return [m.group(1) for v in values if "://" in str(v) for m in _URL_AUTHORITY.finditer(str(v))
             if m.group(1).count(":") > 1 and not m.group(1).startswith("[")]
+
+
+def _url_problem(values) -> str:
+    bad = unbracketed_urls(values)
+    if not bad:
+        return ""
+    fixed = ", ".join(re.sub(r"^(.*):([0-9]+)$", r"[\1]:\2", b) for b in bad)
+    return (f"the URL host {_names(bad)} is an IPv6 address without brackets: every URL parser reads the part after "
+            f"its last ':' as the port (RFC 3986 3.2.2). Fix: {fixed}")
 
 
 FIX_ZONE = ("etcd refuses a zone in --listen-client-urls/--listen-peer-urls (server/embed/config.go checkBindURLs "
@@ -188,6 +197,8 @@ def image_problem(ref: Any) -> str:
     """Why docker would refuse (or misread) this image reference ('' when it pulls as written)."""
     if not isinstance(ref, str) or not ref:
         return f"{ref!r} is not an image reference"
+    if len(ref) > 2 * NAME_TOTAL_LENGTH_MAX + 128 + 140:  # name, tag, sha512 digest
+        return f"{ref[:40]!r}... ({len(ref)} characters) is longer than any docker image reference"
     if ref != ref.strip() or re.search(r"\s", ref):
         flags = ref.strip().split()[1:]
         return (f"{ref!r} holds white space" + (f" (docker flags {' '.join(flags)!r} after the reference?)" if
@@ -378,12 +389,13 @@ def _semantic(key, value) -> str:
         bad = secret_env_names(value)
         if bad:
             return f"{_names(bad)} look(s) like a secret (value not shown). {SECRET_FIX}"
-        return size_problem(value, key.name)
+        return _url_problem(value.values()) or size_problem(value, key.name)
     elif check == "args":
         bad = secret_flags(value)
         if bad:
             return f"{_names(bad)} carries a secret (value not shown). {SECRET_FIX}"
-        return size_problem([*value, *map(str, value.values())] if isinstance(value, dict) else value, key.name)
+        tokens = [*value, *map(str, value.values())] if isinstance(value, dict) else value
+        return _url_problem(tokens) or size_problem(tokens, key.name)
     elif check == "names":
         bad = [v for v in value if not isinstance(v, str) or not v]
         if bad:
