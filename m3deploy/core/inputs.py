@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import itertools
 import posixpath
 import re
 import unicodedata
@@ -203,7 +204,8 @@ def image_problem(ref: Any) -> str:
         flags = ref.strip().split()[1:]
         return (f"{ref!r} holds white space" + (f" (docker flags {' '.join(flags)!r} after the reference?)" if
                 flags and flags[0].startswith("-") else "") + ": docker parses the reference as one word. "
-                f"Fix: m3_image = {ref.strip().split()[0]!r}" + ("; docker run options are not m3_image's" if flags else ""))
+                f"Fix: m3_image = {ref.strip().split()[0]!r}"
+                + ("; docker run options are not m3_image's" if flags else ""))
     m = IMAGE_REF.fullmatch(ref)
     first = ref.split("/", 1)[0]
     if m is None:
@@ -310,7 +312,7 @@ def owned_flags(engine: str) -> dict[str, str]:
     if rules.get("served_name_flag"):
         out[rules["served_name_flag"]] = "m3_served_model_name"
     for line in (rules.get("launch") or {}).values():
-        for flag, value in zip(line, line[1:]):
+        for flag, value in itertools.pairwise(line):
             if str(flag).startswith("--") and "{" in str(value):
                 out[flag] = _placeholder_key(value)
     for flags in (rules.get("multi_host") or {}).values():
@@ -524,7 +526,9 @@ def check_hosts(hosts: Iterable) -> list[str]:
 
 
 def _unparsable(args) -> bool:
-    from m3deploy.core.recipes import parse_arg_list  # recipes reads the layers: imported only when needed
+    from m3deploy.core.recipes import (
+        parse_arg_list,  # recipes reads the layers: imported only when needed
+    )
 
     try:
         parse_arg_list(args)

@@ -223,8 +223,8 @@ def _refuse_conflicts(path: Path, listed: Mapping[str, list[tuple[str, dict]]]) 
         for key in dict.fromkeys(k for _, d in entries for k in d):
             seen = [(g, d[key]) for g, d in entries if key in d]
             if len({repr(v) for _, v in seen}) > 1:
-                problems.append(f"{path}: host {name}: key {key} is {' but '.join(f'{v!r} in group `{g}`' for g, v in seen)}"
-                                f"; pyinfra would keep {seen[-1][1]!r} and drop the rest silently. Fix: give {key} one "
+                values = " but ".join(f"{v!r} in group `{g}`" for g, v in seen)
+                problems.append(f"{path}: host {name}: key {key} is {values}; pyinfra would keep {seen[-1][1]!r} and drop the rest silently. Fix: give {key} one "
                                 "value (set it once, on the host's entry in one group)")
     if problems:
         raise M3Error("\n".join(problems))

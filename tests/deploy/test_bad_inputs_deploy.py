@@ -1,6 +1,6 @@
-"""The worst bad inventories of issues #10 and #28 through `pyinfra @fake` runs of deploy.py: pyinfra's deploy refuses them
-before any operation on any host (exit 2, one message naming host, key and fix). The full corpus, with the
-contracts it checks against, is tests/unit/test_bad_inputs.py."""
+"""The worst bad inventories of issues #10 and #28 through `pyinfra @fake` runs of deploy.py: pyinfra's deploy
+refuses them before any operation on any host (exit 2, one message naming host, key and fix). The full corpus,
+with the contracts it checks against, is tests/unit/test_bad_inputs.py."""
 from __future__ import annotations
 
 import pytest
