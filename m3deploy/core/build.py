@@ -360,7 +360,7 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         "engine": engine, "serving": serving, "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
         "platform": platform, "variant": s["m3_variant"], "parallel": str(s["m3_parallel"]), "ep": ep,
         "dp_mode": mode == "dp", "multi_host": nnodes > 1, "features": features,
-        "tp": size, "dp": size, "address": address, "kv_events_port": kv_port,
+        "tp": size, "dp": size, "address": address, "address_url_host": url_host(address), "kv_events_port": kv_port,
         "device_ids": ",".join(str(d) for d in devices), "max_model_len": s["m3_max_model_len"],
         "max_num_seqs": s["m3_max_num_seqs"], "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
     }

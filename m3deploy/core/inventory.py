@@ -175,11 +175,14 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
 
     host_data: dict[str, dict] = {}
     host_groups: dict[str, list[str]] = {}
+    listed: dict[str, list[tuple[str, dict]]] = {}
     for g, (members, _) in resolved.items():
         for m in members:
             name, data = _split(m)
             host_data.setdefault(name, {}).update(data)
             host_groups.setdefault(name, []).append(g)
+            listed.setdefault(name, []).append((g, dict(data)))
+    _refuse_conflicts(path, listed)
     for m in all_hosts:
         name, data = _split(m)
         host_data.setdefault(name, {}).update(data)
@@ -208,6 +211,21 @@ def _refuse_duplicates(path: Path, groups: Mapping[str, Any]) -> None:
         for n in dict.fromkeys(x for x in names if names.count(x) > 1):
             problems.append(f"{path}: host {n} is listed {names.count(n)} times in group `{g}`; pyinfra would "
                             "merge them into one host. Fix: give each host its own name (or delete the copy)")
+    if problems:
+        raise M3Error("\n".join(problems))
+
+
+def _refuse_conflicts(path: Path, listed: Mapping[str, list[tuple[str, dict]]]) -> None:
+    """A host listed in two groups with different values for one key: pyinfra keeps the later group's silently
+    (the plan would bind one address and ssh to another, or read one of two platforms)."""
+    problems = []
+    for name, entries in listed.items():
+        for key in dict.fromkeys(k for _, d in entries for k in d):
+            seen = [(g, d[key]) for g, d in entries if key in d]
+            if len({repr(v) for _, v in seen}) > 1:
+                values = " but ".join(f"{v!r} in group `{g}`" for g, v in seen)
+                problems.append(f"{path}: host {name}: key {key} is {values}; pyinfra would keep {seen[-1][1]!r} and drop the rest silently. Fix: give {key} one "
+                                "value (set it once, on the host's entry in one group)")
     if problems:
         raise M3Error("\n".join(problems))
 

@@ -11,12 +11,15 @@ from typing import Iterable, Iterator, Mapping
 
 from m3deploy.core.model import ModelRepo
 
-# a repo id as the Hub spells it (huggingface_hub validate_repo_id: ORG/NAME, [\w.-], no "--" or "..")
-REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+# a repo id as the Hub spells it (huggingface_hub utils/_validators.py validate_repo_id, namespaced: ORG/NAME, each
+# 1-96 ASCII [A-Za-z0-9_.-] beginning and ending with a letter or digit, no "--" or "..", not ending ".git")
+_PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
+REPO_RE = re.compile(rf"{_PART}/{_PART}", re.ASCII)
 
 
 def is_repo_id(value: str) -> bool:
-    return bool(REPO_RE.match(value)) and "--" not in value and ".." not in value
+    return (isinstance(value, str) and bool(REPO_RE.fullmatch(value)) and "--" not in value and ".." not in value
+            and not value.endswith(".git"))
 
 
 def _pairs(argv: Iterable[str]) -> Iterator[tuple[str, str]]:

@@ -396,6 +396,7 @@ def check_plan(plan, hosts) -> list[str]:
     parsers = cat["model"]["parsers"].get(plan.engine, {})
     cat_engines = catalog.engines()
     data_of = {h.name: h.data for h in hosts}
+    problems += inputs.derived_port_problems(plan, hosts)
     for hp in plan.hosts:
         bound = defaultdict(list)
         for svc in hp.services:

@@ -28,7 +28,7 @@ from pathlib import Path
 from m3deploy.controller.images import built_here
 from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
-from m3deploy.core.inputs import teardown_path_problem
+from m3deploy.core.inputs import PORT_RANGE, image_problem, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy.render import render, service_env
@@ -39,7 +39,6 @@ ETC_DIR = "/etc/m3"
 LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
-_IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?")
 MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
@@ -221,12 +220,31 @@ def _native(hp: HostPlan) -> bool:
     return any(s.kind in ("frontend", "worker") and not s.image for s in hp.services)
 
 
+def host_text_problem(s: Service) -> str:
+    """The choke point under validation: what no host file may carry, whatever the plan built ('' when fine):
+    a port outside 1024-65535, an image docker cannot parse, an IPv6 host unbracketed in a URL (`tcp://fd00::1:5200`
+    reads as host fd00::1:5200; RFC 3986 3.2.2)."""
+    lo, hi = PORT_RANGE
+    bad = [f"{p.name} {p.port}" for p in s.ports if not lo <= p.port <= hi]
+    if bad:
+        return f"port(s) {', '.join(bad)} outside {lo}-{hi}"
+    for image in filter(None, (s.image, s.base_image)):
+        if image_problem(image):
+            return image_problem(image)
+    urls = unbracketed_urls([*s.argv, *(v for _, v in s.env)])
+    return f"URL(s) {', '.join(urls)} with an unbracketed IPv6 host" if urls else ""
+
+
 def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
     """Every file of the host's services, in deploy order (etcd, NATS, frontend, workers)."""
     out: list[HostFile] = []
     for s in hp.services:
         if s.kind not in TEMPLATES:
             continue
+        why = host_text_problem(s)
+        if why:
+            raise M3Error(f"refusing to render {s.name} on {hp.name}: {why}. Fix the inventory value it came from "
+                          "(m3deploy validate names it)")
         if etcd_auth(s):
             out.append(auth_script())
         if s.kind == "nats":
@@ -337,7 +355,7 @@ def removal_problem(key: str, entry) -> str:
     if key == "containers":
         return "" if re.fullmatch(r"m3-[A-Za-z0-9_.-]+", entry) else f"{entry!r} is not one of m3's containers"
     if key == "images":
-        return "" if built_here(entry) and _IMAGE_REF.fullmatch(entry) else f"{entry!r} is not an image m3deploy built"
+        return "" if built_here(entry) and not image_problem(entry) else f"{entry!r} is not an image m3deploy built"
     if key == "packages":
         return "" if entry in PACKAGES.values() else f"{entry} is not a package m3 installs"
     if key == "users":

@@ -4,6 +4,10 @@ Everything the deploy writes is rendered here (not with pyinfra's files.template
 m3deploy.deploy.hostfiles, so the roles, `m3deploy render` and the unit tests produce exactly the same text,
 with the same filters: systemd ExecStart quoting and the two env-file dialects. The templates live in the
 pyinfra project's templates/ (beside roles/ and deploy.py), read from the checkout.
+
+Every `{{ }}` field of a unit (`*.service.j2`) has its `%` doubled: systemd expands specifiers (`%h`, `%i`, ...)
+in nearly every unit setting (systemd.unit(5) "Specifiers"; `%%` is a literal `%`), so a field says what its
+value says. The systemd_arg(v) filters escape their own output (and mark it so).
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from m3deploy.core.errors import M3Error
-from m3deploy.core.inputs import ENV_NAME, control_chars, url_host
+from m3deploy.core.inputs import ENV_LINE_MAX, ENV_NAME, MAX_ARG_STRLEN, UNIT_LINE_MAX, control_chars, url_host
 from m3deploy.core.model import Service
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -22,13 +26,21 @@ _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 _SAFE_ENV = re.compile(r"^[A-Za-z0-9_@+=:,./-]*$")
 
 
-def _one_line(value):
+class SystemdText(str):
+    """Text already escaped for a unit file (systemd_arg's output): finalize leaves its `%%` as they are."""
+
+
+@jinja2.pass_context
+def _one_line(context, value):
     """Jinja's finalize: every `{{ }}` field of a unit, env file or nats.conf is one line (systemd 252 ends a
-    line at \\n and at \\r, its env-file parser stops at NUL); anything else is refused, not rendered."""
+    line at \\n and at \\r, its env-file parser stops at NUL); anything else is refused, not rendered. In a
+    unit, `%` is doubled (a specifier otherwise)."""
     what = control_chars(value) if isinstance(value, str) else ""
     if what:
         raise M3Error(f"refusing to render {value!r} into a host file: it holds {what}. Fix the inventory value "
                       "it came from (m3deploy validate names it)")
+    if str(context.name).endswith(".service.j2") and not isinstance(value, SystemdText):
+        return str(value).replace("%", "%%")
     return value
 
 
@@ -36,15 +48,18 @@ def systemd_arg(arg: str) -> str:
     """One argv element for ExecStart=: quoted for systemd's splitter; $ and % made literal."""
     if control_chars(arg):
         raise M3Error(f"argument {arg!r} holds {control_chars(arg)}; systemd units cannot carry it")
+    if len(arg.encode()) >= MAX_ARG_STRLEN:
+        raise M3Error(f"argument {arg[:40]!r}... is {len(arg.encode())} bytes: execve takes at most "
+                      f"{MAX_ARG_STRLEN - 1} a string (MAX_ARG_STRLEN)")
     if _SAFE_ARG.match(arg):
-        return arg
+        return SystemdText(arg)
     escaped = (arg.replace("\\", "\\\\").replace('"', '\\"')
                .replace("$", "$$").replace("%", "%%"))
-    return f'"{escaped}"'
+    return SystemdText(f'"{escaped}"')
 
 
 def systemd_argv(argv) -> str:
-    return " ".join(systemd_arg(str(a)) for a in argv)
+    return SystemdText(" ".join(systemd_arg(str(a)) for a in argv))
 
 
 def env_line(name: str, value: str, dialect: str = "systemd") -> str:
@@ -54,6 +69,10 @@ def env_line(name: str, value: str, dialect: str = "systemd") -> str:
     value = str(value)
     if control_chars(value):
         raise M3Error(f"environment variable {name} holds {control_chars(value)}; env files cannot carry it")
+    size = len(f"{name}={value}".encode())
+    if size > (ENV_LINE_MAX if dialect == "docker" else MAX_ARG_STRLEN - 1):
+        raise M3Error(f"environment variable {name} is {size} bytes as NAME=value: past docker's --env-file line "
+                      "(64 KiB) or execve's MAX_ARG_STRLEN (128 KiB)")
     if dialect == "docker":  # docker reads everything after '=' literally (no quotes, no escapes)
         return f"{name}={value}"
     if _SAFE_ENV.match(value):
@@ -88,9 +107,14 @@ def environment() -> jinja2.Environment:
 
 def render(template: str, **context) -> str:
     try:
-        return environment().get_template(template).render(**context)
+        text = environment().get_template(template).render(**context)
     except jinja2.TemplateError as e:
         raise M3Error(f"templates/{template}: {e}") from e
+    long = max((len(line.encode()) for line in text.splitlines()), default=0)
+    if template.endswith(".service.j2") and long >= UNIT_LINE_MAX:
+        raise M3Error(f"templates/{template}: a line of {long} bytes; systemd refuses unit-file lines of 1 MiB "
+                      "(LONG_LINE_MAX). Fix: shorten m3_extra_args")
+    return text
 
 
 def secret_names(ref: str) -> list[str]:

@@ -1,6 +1,6 @@
-"""The worst bad inventories of issue #10 through `pyinfra @fake` runs of deploy.py: pyinfra's deploy refuses them
-before any operation on any host (exit 2, one message naming host, key and fix). The full corpus, with the
-contracts it checks against, is tests/unit/test_bad_inputs.py."""
+"""The worst bad inventories of issues #10 and #28 through `pyinfra @fake` runs of deploy.py: pyinfra's deploy
+refuses them before any operation on any host (exit 2, one message naming host, key and fix). The full corpus,
+with the contracts it checks against, is tests/unit/test_bad_inputs.py."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +27,14 @@ GROUPS = {"control": ["ctl"], "workers": ["w1"], "bad": ["ctl", "w1"]}
     ({}, {"w1": {"m3_address": "0.0.0.0"}}, ("host w1", "m3_address", "binds every interface")),
     # an API key that the Dynamo frontend would never check (docs/CONTRACTS.md "API keys")
     ({"m3_api_key_file": "/etc/m3/k"}, {}, ("m3_api_key_file", "Dynamo 1.6.1 frontend has no API-key option")),
+    # issue #28: a key in Cyrillic, a zone, a derived port past 65535, a path as the model, a plan-owned flag,
+    # one address in two spellings
+    ({"\u043c3_parallel": "tp1"}, {}, ("U+043C", "did you mean m3_parallel?")),
+    ({}, {"w1": {"m3_address": "fe80::10%eth0"}}, ("host w1", "m3_address", "with a zone")),
+    ({"m3_system_port": 65535}, {}, ("host w1", "port 65536 for m3-scripted", "m3_system_port <= 65534")),
+    ({"m3_model_id": "/models/MiniMax-M3"}, {}, ("m3_model_id", "local path")),
+    ({"m3_extra_args": ["--model-name", "m3"]}, {}, ("m3_extra_args", "set m3_served_model_name instead")),
+    ({}, {"w1": {"m3_address": "::ffff:10.0.0.1"}}, ("host ctl", "same cluster address 10.0.0.1")),
 ])
 def test_refused_before_any_operation(deploy_file, override, host_data, must):
     data = {"ctl": {**CLUSTER, **CTL, **host_data.get("ctl", {})}, "w1": {**CLUSTER, **W1, **host_data.get("w1", {})}}

@@ -626,3 +626,260 @@ def test_accepted_odd_values_render_as_one_line_each():
     assert argv[-2:] == ODD["m3_extra_args"], argv
     env = odd["w1:/etc/m3/m3-worker@0.env"]
     assert 'M3_NOTE="a \\"b\\" \\$HOME %h \\`x\\` \\\\ #c; ExecStartPre=/bin/sh"' in env.splitlines(), env
+
+
+# ------------------------------------------------------------------ issue #28: the second pass, as a user types it
+# Each case: the inventory file, group_data/all.py, `--data` arguments, and what the one refusal line must name.
+# Sources of the rules: docs/INVENTORY.md "What is refused"; m3deploy/core/inputs.py names each parser's rule.
+SIM_INV = ('control = [("ctl", {"m3_address": "10.0.0.1"})]\n'
+           'workers = [("w1", {"m3_address": "10.0.0.2"}), ("w2", {"m3_address": "10.0.0.3"})]\n')
+GPU_INV = 'workers = [("g1", {"m3_address": "10.0.1.2"})]\n'
+GPU_GD = b'm3_platform = "h200"\nm3_engine = "vllm"\nm3_serving = "standalone"\nm3_parallel = "tp8"\n'
+DYN_GD = b'm3_platform = "h200"\nm3_engine = "vllm"\nm3_serving = "dynamo"\nm3_parallel = "tp4"\nm3_variant = "mxfp8"\n'
+DYN_INV = 'control = [("ctl", {"m3_address": "10.0.1.1"})]\n' + GPU_INV
+BIG = "x" * 200_000
+
+
+def _gd(base: bytes, extra: str) -> bytes:
+    return base + extra.encode()
+
+
+CORPUS_28 = [
+    # keys that read as ours
+    ("upper-case-key", SIM_INV, _gd(GD, 'M3_INTERFACE = "ens1f0"\n'), [],
+     ("'M3_INTERFACE'", "did you mean m3_interface?", "group_data/all.py")),
+    ("cyrillic-em", SIM_INV, _gd(GD, '\u043c3_parallel = "tp1"\n'), [],
+     ("U+043C CYRILLIC SMALL LETTER EM", "did you mean m3_parallel?", "group_data/all.py")),
+    ("dash-key-inline", SIM_INV.replace('"m3_address": "10.0.0.3"', '"m3-address": "10.0.0.3"'), GD, [],
+     ("host w2", "'m3-address'", "did you mean m3_address?", "inventories/c.py")),
+    ("upper-key-data", SIM_INV, GD, ["M3_SERVING=dynamo"], ("'M3_SERVING'", "m3_serving", "(--data)")),
+    ("mixed-case-key", SIM_INV, _gd(GD, 'M3_Extra_Env = {"NCCL_DEBUG": "INFO"}\n'), [],
+     ("'M3_Extra_Env'", "did you mean m3_extra_env?")),
+    ("cyrillic-a-after-prefix", SIM_INV.replace('"m3_address": "10.0.0.3"', '"m3_\u0430ddress": "10.0.0.3"'), GD, [],
+     ("host w2", "did you mean m3_address?", "CYRILLIC SMALL LETTER A")),
+    ("fullwidth-m", SIM_INV.replace('"m3_address": "10.0.0.3"', '"\uff4d3_address": "10.0.0.3"'), GD, [],
+     ("host w2", "FULLWIDTH LATIN SMALL LETTER M", "m3_address")),
+    ("no-underscore", SIM_INV, _gd(GD, 'm3parallel = "tp1"\n'), [], ("'m3parallel'", "did you mean m3_parallel?")),
+    # model ids and paths
+    ("model-dotdot", SIM_INV, _gd(GD, 'm3_model_id = "../../models/MiniMax-M3"\n'), [], ("m3_model_id", "local path")),
+    ("model-abs-path", SIM_INV, _gd(GD, 'm3_model_id = "/mnt/models/MiniMax-M3"\n'), [],
+     ("m3_model_id", "mounts only m3_hf_cache")),
+    ("model-space", SIM_INV, _gd(GD, 'm3_model_id = "MiniMax AI/MiniMax-M3"\n'), [],
+     ("m3_model_id", "not a Hugging Face repo id")),
+    ("model-url", SIM_INV, _gd(GD, 'm3_model_id = "https://huggingface.co/MiniMaxAI/MiniMax-M3"\n'), [],
+     ("m3_model_id", "is a URL", "Fix: m3_model_id = 'MiniMaxAI/MiniMax-M3'")),
+    ("model-revision", SIM_INV, _gd(GD, 'm3_model_id = "MiniMaxAI/MiniMax-M3@main"\n'), [],
+     ("m3_model_id", "Fix: m3_model_id = 'MiniMaxAI/MiniMax-M3'")),
+    ("model-home", SIM_INV, GD, ["m3_model_id=~/checkpoints/m3"], ("m3_model_id", "local path", "(--data)")),
+    ("model-no-namespace", SIM_INV, _gd(GD, 'm3_model_id = "MiniMax-M3"\n'), [], ("m3_model_id", "no namespace")),
+    ("model-dot-git", SIM_INV, _gd(GD, 'm3_model_id = "MiniMaxAI/MiniMax-M3.git"\n'), [],
+     ("m3_model_id", "not ending .git")),
+    # image references (distribution/reference)
+    ("image-upper-registry", GPU_INV, _gd(GPU_GD, 'm3_image = "VLLM/vllm-openai:v0.11.0"\n'), [],
+     ("host g1", "m3_image", "as a registry host", "Fix: m3_image = 'vllm/vllm-openai:v0.11.0'")),
+    ("image-leading-space", GPU_INV, _gd(GPU_GD, 'm3_image = " vllm/vllm-openai:v0.11.0"\n'), [],
+     ("m3_image", "white space", "Fix: m3_image = 'vllm/vllm-openai:v0.11.0'")),
+    ("image-docker-flags", GPU_INV, _gd(GPU_GD, 'm3_image = "vllm/vllm-openai:v0.11.0 --privileged"\n'), [],
+     ("m3_image", "docker flags '--privileged'")),
+    ("image-short-digest", GPU_INV, _gd(GPU_GD, 'm3_image = "vllm/vllm-openai@sha256:1234abcd"\n'), [],
+     ("m3_image", "not a docker image reference")),
+    ("image-two-tags", GPU_INV, _gd(GPU_GD, 'm3_image = "vllm/vllm-openai:v0.11.0:latest"\n'), [],
+     ("m3_image", "not a docker image reference")),
+    ("image-upper-path", GPU_INV, _gd(GPU_GD, 'm3_image = "nvcr.io/nvidia/TensorRT-LLM:1.0"\n'), [],
+     ("m3_image", "lower case", "Fix: m3_image = 'nvcr.io/nvidia/tensorrt-llm:1.0'")),
+    ("image-empty-tag", GPU_INV, GPU_GD, ["m3_image=vllm/vllm-openai:"], ("m3_image", "(--data)")),
+    # ports the plan derives
+    ("system-port-derived", SIM_INV, _gd(GD, "m3_system_port = 65535\n"), [],
+     ("host w1", "m3_system_port = 65535", "port 65536 for m3-scripted", "Fix: m3_system_port <= 65534")),
+    ("worker-port-derived", GPU_INV,
+     _gd(GPU_GD.replace(b"tp8", b"tp4"), 'm3_variant = "mxfp8"\nm3_worker_port = 65535\n'), [],
+     ("host g1", "port 65536 for m3-worker@1", "Fix: m3_worker_port <= 65534")),
+    ("kv-events-port-derived", DYN_INV, _gd(DYN_GD, "m3_kv_events_port = 65535\n"), [],
+     ("host g1", "m3_kv_events_port", "port 65536", "Fix: m3_kv_events_port <= 65534")),
+    # one host, two meanings
+    ("v6-two-spellings", ('control = [("ctl", {"m3_address": "fd00:20::10"})]\n'
+                          'workers = [("w1", {"m3_address": "fd00:20::11"}),\n'
+                          '           ("w2", {"m3_address": "fd00:20:0:0:0:0:0:11"})]\n'),
+     GD, [],
+     ("host w1", "same cluster address fd00:20::11", "w2: fd00:20:0:0:0:0:0:11")),
+    ("v4-mapped", SIM_INV.replace('"10.0.0.3"', '"::ffff:10.0.0.2"'), GD, [],
+     ("host w1", "same cluster address 10.0.0.2", "one address spelled differently")),
+    ("v6-upper-case", SIM_INV.replace('"10.0.0.2"', '"FD00::2"').replace('"10.0.0.3"', '"fd00::2"'), GD, [],
+     ("host w1", "same cluster address fd00::2")),
+    ("ssh-dns-case", ('control = [("ctl", {"m3_address": "10.0.0.1"})]\n'
+                      'workers = [("w1", {"m3_address": "10.0.0.2", "ssh_hostname": "GPU-01.example.com"}),\n'
+                      '           ("w2", {"m3_address": "10.0.0.3", "ssh_hostname": "gpu-01.example.com"})]\n'), GD, [],
+     ("host w1", "same ssh_hostname gpu-01.example.com", "inventories/c.py")),
+    ("zone", SIM_INV.replace('"10.0.0.3"', '"fe80::10%eth0"'), GD, [],
+     ("host w2", "m3_address", "with a zone", "checkBindURLs", "inventories/c.py")),
+    ("zone-in-ssh-hostname", SIM_INV.replace('{"m3_address": "10.0.0.3"}', '{"ssh_hostname": "fe80::10%ens1f0"}'),
+     GD, [], ("host w2", "m3_address is not set", "with a zone", "Fix: set m3_address to")),
+    ("link-local-no-zone", SIM_INV.replace('"10.0.0.3"', '"fe80::10"'), GD, [],
+     ("host w2", "m3_address", "link-local", "Linux cannot bind")),
+    ("url-v6-unbracketed", SIM_INV, _gd(GD, 'm3_extra_args = ["--otlp-traces-endpoint", "http://fd00::5:4317"]\n'),
+     [], ("m3_extra_args", "without brackets", "Fix: [fd00::5]:4317")),
+    # flags the plan owns (engines.yaml)
+    ("extra-tp", GPU_INV, _gd(GPU_GD, 'm3_extra_args = ["--tensor-parallel-size", "4"]\n'), [],
+     ("host g1", "m3_extra_args", "'--tensor-parallel-size'", "set m3_parallel instead")),
+    ("extra-tp-alias", GPU_INV, _gd(GPU_GD, 'm3_extra_args = ["-tp", "4"]\n'), [],
+     ("m3_extra_args", "'-tp'", "m3_parallel")),
+    ("extra-port-dict", GPU_INV, _gd(GPU_GD, 'm3_extra_args = {"--port": 9000}\n'), [],
+     ("m3_extra_args", "'--port'", "set m3_worker_port instead")),
+    ("extra-served-name-eq", GPU_INV, _gd(GPU_GD, 'm3_extra_args = ["--served-model-name=m3"]\n'), [],
+     ("m3_extra_args", "m3_served_model_name")),
+    ("extra-host", GPU_INV, _gd(GPU_GD, 'm3_extra_args = ["--host", "0.0.0.0"]\n'), [],
+     ("m3_extra_args", "'--host'", "set m3_address instead")),
+    ("unset-tp", GPU_INV, _gd(GPU_GD, 'm3_unset_args = ["--tensor-parallel-size"]\n'), [],
+     ("m3_unset_args", "'--tensor-parallel-size'", "m3_parallel")),
+    ("extra-underscore", GPU_INV, _gd(GPU_GD, 'm3_extra_args = ["--max_model_len", "65536"]\n'), [],
+     ("m3_extra_args", "'--max_model_len'", "set m3_max_model_len instead")),
+    ("extra-sglang-alias", GPU_INV, _gd(GPU_GD.replace(b'"vllm"', b'"sglang"'),
+                                        'm3_extra_args = ["--tensor-parallel-size", "4"]\n'), [],
+     ("m3_extra_args", "on sglang", "m3_parallel")),
+    ("extra-tp-data", GPU_INV, GPU_GD, ['m3_extra_args=["--tensor-parallel-size", "16"]'],
+     ("m3_extra_args", "(--data)", "m3_parallel")),
+    # sizes
+    ("env-200k", SIM_INV, _gd(GD, f'm3_extra_env = {{"VLLM_EXTRA": "{BIG}"}}\n'), [],
+     ("m3_extra_env", "64 KiB", "MAX_ARG_STRLEN")),
+    ("arg-200k", SIM_INV, _gd(GD, f'm3_extra_args = ["--note", "{BIG}"]\n'), [],
+     ("m3_extra_args", "MAX_ARG_STRLEN")),
+    ("rdma-env-70k", SIM_INV.replace('{"m3_address": "10.0.0.3"}', '{"m3_address": "10.0.0.3", "m3_rdma_env": '
+                                     '{"NCCL_IB_HCA": "' + "m" * 70_000 + '"}}'),
+     GD, [], ("host w2", "m3_rdma_env", "64 KiB", "inventories/c.py")),
+]
+
+
+def _cli(tmp_path, cmd, inv_text, gd, data):
+    _, inv = validate(tmp_path, inv_text, {"all.py": gd})
+    args = {"validate": ["validate", str(inv)], "plan": ["plan", "--json", "--no-facts", str(inv)],
+            "render": ["render", str(inv), str(tmp_path / "out")]}[cmd]
+    return CliRunner().invoke(main, args + [x for d in data for x in ("--data", d)])
+
+
+@pytest.mark.parametrize("name,inv_text,gd,data,must", CORPUS_28, ids=[c[0] for c in CORPUS_28])
+def test_corpus_28_refused_by_validate(tmp_path, name, inv_text, gd, data, must):
+    """`m3deploy validate`: exit 2, one line naming the host(s), the key, the file it was set in, and the fix."""
+    r = _cli(tmp_path, "validate", inv_text, gd, data)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if all(m in ln for m in must)]
+    assert lines, r.output
+    assert "Fix" in lines[0] and re.search(r"hosts? \S+", lines[0]), lines[0]
+    assert BIG not in r.output  # a 200 KB value is not echoed back
+    assert ".py" in lines[0] or "(--data)" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("cmd", ["plan", "render"])
+@pytest.mark.parametrize("name", ["cyrillic-em", "model-abs-path", "image-docker-flags", "system-port-derived",
+                                  "v6-two-spellings", "zone", "extra-tp", "env-200k"])
+def test_corpus_28_refused_by_plan_and_render(tmp_path, cmd, name):
+    _, inv_text, gd, data, must = next(c for c in CORPUS_28 if c[0] == name)
+    r = _cli(tmp_path, cmd, inv_text, gd, data)
+    assert r.exit_code == 2 and any(all(m in ln for m in must) for ln in r.output.splitlines()), r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("control,workers,must", [
+    ('("n1", {"m3_address": "10.0.0.1"})', '("n1", {"m3_address": "10.0.0.2"})',
+     "key m3_address is '10.0.0.1' in group `control` but '10.0.0.2' in group `workers`"),
+    ('("n1", {"ssh_hostname": "gpu-a"})', '("n1", {"ssh_hostname": "gpu-b", "m3_address": "10.0.0.2"})',
+     "key ssh_hostname is 'gpu-a' in group `control` but 'gpu-b' in group `workers`"),
+])
+def test_a_host_in_two_groups_with_different_data_is_refused(tmp_path, control, workers, must):
+    r, inv = validate(tmp_path, f"control = [{control}]\nworkers = [{workers}]\n", {"all.py": GD})
+    assert r.exit_code == 2 and must in r.output and f"{inv}: host n1" in r.output and "Fix" in r.output, r.output
+
+
+def test_a_host_in_two_groups_with_the_same_data_is_fine(tmp_path):
+    r, _ = validate(tmp_path, 'control = [("n1", {"m3_address": "10.0.0.1"})]\n'
+                              'workers = [("n1", {"m3_address": "10.0.0.1"}), ("w2", {"m3_address": "10.0.0.2"})]\n',
+                    {"all.py": GD})
+    assert r.exit_code == 0, r.output
+
+
+def test_pyinfra_deploy_refuses_a_host_in_two_groups_with_different_data(tmp_path):
+    inv = tmp_path / "c.py"
+    inv.write_text('control = [("@fake/n1", {"m3_address": "10.0.0.1"})]\n'
+                   'workers = [("@fake/n1", {"m3_address": "10.0.0.2"})]\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "pyinfra", "-y", str(inv), "deploy.py"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "key m3_address is '10.0.0.1' in group `control`" in out, out
+
+
+def test_the_kv_events_endpoint_brackets_an_ipv6_address():
+    """zmq_tcp(7): an IPv6 endpoint is `tcp://[addr]:port`; unbracketed, the port is read from the address."""
+    import json as _json
+
+    w = [("g1", {"m3_address": "fd00:20::11"})]
+    plan = planmod.build(hosts(all_data={"m3_platform": "h200", "m3_engine": "vllm", "m3_parallel": "tp8"},
+                               control=[("ctl", {"m3_address": "fd00:20::10"})], workers=w), name="v6")
+    argv = list(plan.host("g1").service("m3-worker@0").argv)
+    cfg = _json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert cfg["endpoint"] == "tcp://[fd00:20::11]:5200"
+
+
+def test_the_renderer_refuses_what_validation_would_have(tmp_path):
+    """The choke point: host files are never written from a plan that holds a port past 65535, an image docker
+    cannot parse or an unbracketed IPv6 URL, however the plan came to hold it."""
+    from dataclasses import replace
+
+    from m3deploy.core.model import Port
+    from m3deploy.deploy.hostfiles import host_files
+
+    plan = planmod.build(hosts(), name="sim")
+    w1 = plan.host("w1")
+    worker = w1.services[0]
+    for bad, must in [(replace(worker, ports=(Port("system", 65536, "10.0.0.2"),)), "outside 1024-65535"),
+                      (replace(worker, image="Vllm/x:1 --privileged"), "white space"),
+                      (replace(worker, argv=(*worker.argv, "--x", "tcp://fd00::2:5200")), "unbracketed IPv6")]:
+        hp = replace(w1, services=(bad,))
+        with pytest.raises(M3Error, match=must):
+            host_files(replace(plan, hosts=(hp,)), hp)
+
+
+def test_percent_is_literal_in_every_unit_field():
+    """systemd.unit(5) "Specifiers": `%h`, `%i`... expand in nearly every setting, `%%` is a literal `%`. A
+    state directory holding `%` reaches every unit as `%%`, and systemd reads it back as typed."""
+    from m3deploy.deploy.hostfiles import host_files
+
+    plan = planmod.build(hosts(all_data={"m3_state_dir": "/data/m3-%h"}), name="sim")
+    units = {f"{h.name}:{f.path}": f.text for h in plan.hosts for f in host_files(plan, h)
+             if f.path.endswith(".service") and not f.link}
+    assert units
+    for name, text in units.items():
+        assert not re.search(r"(?<!%)%(?!%)", text.replace("%%", "")), name  # no lone specifier left
+        if "WorkingDirectory=" in text:
+            (wd,) = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("WorkingDirectory=")]
+            assert wd.replace("%%", "%").startswith("/data/m3-%h/"), (name, wd)
+
+
+def test_the_watchdog_unit_escapes_percent():
+    from m3deploy.deploy.render import render
+
+    text = render("m3-watchdog.service.j2", cluster="sim", unit="m3-frontend.service",
+                  url="http://10.0.0.1:8000/live?probe=%41", script="/usr/local/lib/m3/m3-watchdog.py", grace_s=15)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
+    assert line.endswith("http://10.0.0.1:8000/live?probe=%%41 15"), line
+    assert "Description=" in text and "%41" not in text.replace("%%41", ""), text
+
+
+def test_the_renderer_bounds_env_lines_and_arguments():
+    from m3deploy.deploy.render import env_line, systemd_arg
+
+    assert env_line("A", "x" * 60_000, "docker").startswith("A=")
+    with pytest.raises(M3Error, match="64 KiB"):
+        env_line("A", "x" * 70_000, "docker")
+    with pytest.raises(M3Error, match="MAX_ARG_STRLEN"):
+        systemd_arg("x" * 131_072)
+
+
+def test_repo_ids_we_accept_are_ids_the_hub_accepts():
+    """m3deploy.core.repos.is_repo_id is huggingface_hub's validate_repo_id, narrowed to ORG/NAME."""
+    validators = pytest.importorskip("huggingface_hub.utils._validators")
+    from m3deploy.core import repos
+
+    for rid in ["MiniMaxAI/MiniMax-M3", "a/b", "org_1/m.v2", "x/y-", "x/-y", "x/y.git", "x/y--z", "caf\u00e9/m",
+                "x/y..z", "x/" + "a" * 97, "gpt2", "x/y/z", " x/y"]:
+        if repos.is_repo_id(rid):
+            validators.validate_repo_id(rid)  # raises if the Hub's own check refuses it

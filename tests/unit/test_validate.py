@@ -216,4 +216,6 @@ def test_dp8_ep_on_gb200_dynamo_is_data_parallel_only():
     with pytest.raises(ValidationError) as e:
         planmod.build(inventory.load_inventory(ROOT / "inventories" / "gb200.py", override_data={
             "m3_parallel": "dp8-ep", "m3_extra_args": ["--tensor-parallel-size", "8"]}), name="gb200")
-    assert any("both --data-parallel-size and --tensor-parallel-size" in x for x in e.value.problems)
+    # refused by the input contract already: the plan owns --tensor-parallel-size (engines.yaml `parallel`)
+    assert any("'--tensor-parallel-size' is set by the plan" in x and "set m3_parallel instead" in x
+               for x in e.value.problems), e.value.problems
