@@ -159,6 +159,11 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     return HostFile(unit_path(s), text)
 
 
+def config_files(s: Service) -> list[HostFile]:
+    """The config files the service's command names (Service.files: TensorRT-LLM's engine YAML)."""
+    return [HostFile(path, text) for path, text in s.files]
+
+
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     """With 3 control hosts the plan gives each NATS node its routes (M3_NATS_ROUTE_<i>, in its env file: with
     auth their URLs carry the route user's password) and a "cluster" port: the conf names the variables."""
@@ -235,7 +240,7 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out.append(sim_engine())  # once, before the first unit that runs it
         if s is next((w for w in hp.services if unregisters_dead(w)), None):
             out.append(unregister_script())  # once, before the first unit that runs it
-        out += [env_file(s, secrets), unit_file(cp, s)]
+        out += [*config_files(s), env_file(s, secrets), unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)]
     return out
