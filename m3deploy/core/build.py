@@ -386,6 +386,8 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
         if s["m3_mocker_startup_time"]:
             r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
+        if s["m3_mocker_engine_type"] != "vllm":  # dynamo/mocker/args.py: vllm unless told
+            r.set_arg("--engine-type", s["m3_mocker_engine_type"], f"{CL}:m3_mocker_engine_type", src)
     for key in s["m3_unset_args"] or ():
         r.unset(str(key), f"{CL}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):

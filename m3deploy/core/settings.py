@@ -109,6 +109,8 @@ _KEYS = (
         check="ints"),
     Key("m3_mocker_startup_time", int, 0, "the mocker's simulated model load, seconds", range=(0, 86400)),
     Key("m3_mocker_speedup_ratio", (int, float), 10, "the mocker's speed-up over real time", range=(1, 1 << 20)),
+    Key("m3_mocker_engine_type", str, "vllm", "the mocker's --engine-type: whose scheduler and KV cache it simulates",
+        True, values=("vllm", "sglang", "trtllm")),
     Key("m3_readiness_timeout_s", int, None, "override the recipe's readiness timeout", range=(1, 7 * 86400)),
     Key("m3_gpus_per_host", int, None, "override the platform's GPU count (e.g. a 2-GPU H200 box)", range=(1, 64)),
     Key("m3_gpu_memory_gb", int, None, "per-GPU memory override (e.g. the 141 GB H20 variant)", range=(1, 4096)),
