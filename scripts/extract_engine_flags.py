@@ -50,8 +50,9 @@ OUT = ROOT / "tests" / "fixtures" / "engine-flags"
 PARSERS = {
     "vllm": {
         "engine": ["vllm/engine/arg_utils.py"],
-        "serve": ["vllm/entrypoints/launchers/cli_args.py::BaseFrontendArgs,FrontendArgs",
-                  "vllm/entrypoints/launchers/cli_args.py"],
+        # vllm 0.31: entrypoints/launchers/cli_args.py; 0.33: entrypoints/common/cli_args.py (`a|b`: the first present)
+        "serve": ["vllm/entrypoints/launchers/cli_args.py|vllm/entrypoints/common/cli_args.py::BaseFrontendArgs,FrontendArgs",
+                  "vllm/entrypoints/launchers/cli_args.py|vllm/entrypoints/common/cli_args.py"],
     },
     "sglang": {
         "server": ["sglang/srt/server_args.py", "sglang/srt/arg_groups/fields/*.py"],
@@ -193,7 +194,9 @@ class Source:
         return out
 
     def files(self, spec: str) -> list[str]:
-        path = spec.split("::")[0]
+        names = set(self.z.namelist())
+        alts = spec.split("::")[0].split("|")
+        path = next((a for a in alts if a in names), alts[0])
         if "*" in path:
             rx = re.compile(re.escape(path).replace(r"\*", r"[^/]+") + "$")
             return sorted(n for n in self.z.namelist() if rx.match(n))
@@ -331,7 +334,7 @@ def extract(kind: str, wheel: Path, runtime_wheel: Path | None = None, runtime_p
                     dataclass_flags(src, path, sglang_field_classes(src, path), flags, sglang=True)
                 else:
                     calls_flags(src, path, flags, declared_env)
-        parsers[pname] = {"sources": sorted({s.split("::")[0] for s in specs}), "flags": dict(sorted(flags.items()))}
+        parsers[pname] = {"sources": sorted(set(files)), "flags": dict(sorted(flags.items()))}
     out = {"package": package, "version": version, "wheel": wheel.name,
            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
            "extracted_by": "scripts/extract_engine_flags.py", "parsers": parsers}
