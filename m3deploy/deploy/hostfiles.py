@@ -2,7 +2,8 @@
 exactly what `host_files` returns) and for `m3deploy render` (which writes it into a directory for review).
 
 `host_files(cp, hp, secrets)` -> [HostFile], in deploy order: apt's retry setting (`APT_CONF`, before the
-host's first apt operation), the host's manifest (`MANIFEST`), then per service its 0600 env file and its unit
+host's first apt operation), the host's manifest (`MANIFEST`), then per service the config files its command
+names (Service.files: TensorRT-LLM's engine YAML), its 0600 env file and its unit
 (etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
 workers' script that unregisters a killed process (files/m3-unregister-dead.py), the simulated engines' script
 and the nats-server mask (a link to /dev/null).
