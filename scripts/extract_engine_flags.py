@@ -46,13 +46,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "engine-flags"
 
+CLI_ARGS = "vllm/entrypoints/launchers/cli_args.py|vllm/entrypoints/common/cli_args.py"
 # parser name -> the wheel files whose arguments it parses (dataclass classes as `path::Class,Class`)
 PARSERS = {
     "vllm": {
         "engine": ["vllm/engine/arg_utils.py"],
         # vllm 0.31: entrypoints/launchers/cli_args.py; 0.33: entrypoints/common/cli_args.py (`a|b`: the first present)
-        "serve": ["vllm/entrypoints/launchers/cli_args.py|vllm/entrypoints/common/cli_args.py::BaseFrontendArgs,FrontendArgs",
-                  "vllm/entrypoints/launchers/cli_args.py|vllm/entrypoints/common/cli_args.py"],
+        "serve": [CLI_ARGS + "::BaseFrontendArgs,FrontendArgs", CLI_ARGS],
     },
     "sglang": {
         "server": ["sglang/srt/server_args.py", "sglang/srt/arg_groups/fields/*.py"],

@@ -378,7 +378,8 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
             "master_url_host": url_host(master), "master_port": s["m3_master_port"]}
     if s["m3_max_model_len"]:
-        r.set_arg(catalog.by_serving(rules["max_model_len"], serving), str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
+        r.set_arg(catalog.by_serving(rules["max_model_len"], serving), str(s["m3_max_model_len"]),
+                  f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
         r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
         if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos

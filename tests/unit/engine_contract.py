@@ -125,7 +125,8 @@ def service_problems(plan, svc) -> list[str]:
                 allowed = [c for ch in choices
                            for c in (rt.get(ch.split(":", 1)[1], []) if ch.startswith("@runtime:") else [ch])]
                 if allowed and value not in allowed:
-                    problems.append(f"{where}: {flag} {value!r} is not a choice of {f} ({', '.join(allowed[:50])}); {src}")
+                    problems.append(f"{where}: {flag} {value!r} is not a choice of {f} "
+                                    f"({', '.join(allowed[:50])}); {src}")
     for key, _ in svc.env:
         p = prov.get(f"env:{key}")
         if p is not None and p.layer in USER_LAYERS:

@@ -108,8 +108,8 @@ def test_wrong_dynamo_parser_fails():
 
 
 # each engine under each serving mode on each NVIDIA platform, at the variant and size its recipe runs
-COMBOS = [(p, v, par, e, s, f) for p, v, par in (("h200", "bf16", "tp8"), ("b200", "bf16", "tp8"), ("b300", "mxfp8", "tp8"),
-                                                ("gb200", "mxfp8", "tp4"))
+PLATFORMS = (("h200", "bf16", "tp8"), ("b200", "bf16", "tp8"), ("b300", "mxfp8", "tp8"), ("gb200", "mxfp8", "tp4"))
+COMBOS = [(p, v, par, e, s, f) for p, v, par in PLATFORMS
           for e, f in (("vllm", ""), ("sglang", ""), ("trtllm", "text-only")) for s in ("standalone", "dynamo")
           if not (e == "trtllm" and v != "bf16")]
 
