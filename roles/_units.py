@@ -244,13 +244,19 @@ def runs_current_files(unit: str, paths: tuple[str, ...]):
         yield f"echo {shlex.quote(unit)} runs older files than its unit and env file: restarting it"
 
 
+def service_files(s: Service) -> tuple[str, ...]:
+    """The files `s` runs from: unit, env file, a config file named with `-c` (nats.conf) and the plan's own
+    (TensorRT-LLM's engine YAML)."""
+    paths = [unit_path(s)] + ([s.env_file] if s.env_file else [])
+    if "-c" in s.argv:
+        paths.append(s.argv[s.argv.index("-c") + 1])
+    return (*paths, *(p for p, _ in s.files))
+
+
 def changes(s: Service, *ops) -> list:
     """The ops whose change means `s` must restart: `ops` (its files) and the check that it runs them."""
-    paths = [unit_path(s)] + ([s.env_file] if s.env_file else [])
-    if "-c" in s.argv:  # a config file named on the command line (nats.conf)
-        paths.append(s.argv[s.argv.index("-c") + 1])
     return [*ops, runs_current_files(name=f"Check {s.unit} runs its current files", unit=s.unit,
-                                     paths=tuple(paths))]
+                                     paths=service_files(s))]
 
 
 def _did_change(op) -> bool:

@@ -44,9 +44,11 @@ def deploy_workers():
         u.ship(hostfiles.unregister_script(), name=f"Ship {hostfiles.UNREGISTER_DEAD}")
     for s in workers:
         u.ensure_workdir(s, hostfiles.service_user(s))
+        # the config files its command names (TensorRT-LLM's engine YAML): a change restarts it
+        cfg = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s)]
         unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
         # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
-        changed = u.changes(s, unit_op, env_op, *sim, *filter(None, [s.image and image_changed(s.image)]))
+        changed = u.changes(s, unit_op, env_op, *cfg, *sim, *filter(None, [s.image and image_changed(s.image)]))
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
         # has its files; the scripted test engine is no planned worker and restarts here
         roll = rolling and s.kind == "worker"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
@@ -376,7 +378,8 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
             "master_url_host": url_host(master), "master_port": s["m3_master_port"]}
     if s["m3_max_model_len"]:
-        r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
+        r.set_arg(catalog.by_serving(rules["max_model_len"], serving), str(s["m3_max_model_len"]),
+                  f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
         r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
         if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos
@@ -384,6 +387,8 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
         if s["m3_mocker_startup_time"]:
             r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
+        if s["m3_mocker_engine_type"] != "vllm":  # dynamo/mocker/args.py: vllm unless told
+            r.set_arg("--engine-type", s["m3_mocker_engine_type"], f"{CL}:m3_mocker_engine_type", src)
     for key in s["m3_unset_args"] or ():
         r.unset(str(key), f"{CL}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
@@ -452,7 +457,16 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             docker += ["--gpus", sel]
         docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]
     base_image = None
-    if image and serving == "dynamo" and not sim_image:  # the stand-in holds the Dynamo venv already
+    files: tuple[tuple[str, str], ...] = ()
+    engine_file = rules.get("engine_file") if serving == "dynamo" else None
+    if engine_file:  # TensorRT-LLM's engine YAML: a host file the worker names (and the container mounts)
+        path = engine_file["path"].format(slot=slot)
+        r.set_arg(engine_file["flag"], path, "plan:engine-file", "m3deploy/core/data/engines.yaml")
+        files = ((path, yaml.safe_dump(engine_file["options"], sort_keys=True)),)
+        if image:
+            docker += ["-v", f"{path}:{path}:ro"]
+    bundled = str((rules.get("images") or {}).get(image or "", {}).get("dynamo", "")) == str(s["m3_dynamo_version"])
+    if image and serving == "dynamo" and not sim_image and not bundled:  # the stand-in holds the Dynamo venv already
         # Dynamo runs inside the engine image: the images role builds this image on the host, offline, FROM the
         # engine image plus the shipped ai-dynamo wheels (the GB200 lane pip-installs ai-dynamo into vLLM's image).
         base_image = image
@@ -469,4 +483,4 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
         env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "",
         worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
-        provenance=r.provenance_records())
+        provenance=r.provenance_records(), files=files)

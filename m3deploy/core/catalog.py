@@ -71,6 +71,11 @@ def layer_files() -> list[tuple[str, Path]]:
     return [(src, path) for _, _, src, path in sorted(files)]
 
 
+def by_serving(rule, serving: str):
+    """An engines.yaml value that may differ per serving mode ({standalone: x, dynamo: y})."""
+    return rule[serving] if isinstance(rule, dict) and serving in rule else rule
+
+
 def platform(name: str) -> dict:
     return catalog()["platforms"][name]
 

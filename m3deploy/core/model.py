@@ -75,6 +75,9 @@ class Service:
     nnodes: int = 1
     devices: tuple[int, ...] = ()  # GPU indices on the host
     provenance: tuple[Provenance, ...] = ()
+    # (path, text): config files the command names (TensorRT-LLM's engine YAML): host files written beside the
+    # unit (m3deploy.deploy.hostfiles), mounted read-only into the container; a change restarts the service
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def unit(self) -> str:
@@ -203,7 +206,7 @@ def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
             "kind": r.kind, "url": r.url, "address": r.address, "port": r.port, "expect_status": r.expect_status,
             "expect_json": dict(r.expect_json), "timeout_s": r.timeout_s, "interval_s": r.interval_s},
         "after": list(s.after), "env_file": s.env_file, "workdir": s.workdir, "worker": s.worker, "rank": s.rank,
-        "nnodes": s.nnodes, "devices": list(s.devices),
+        "nnodes": s.nnodes, "devices": list(s.devices), **({"files": dict(s.files)} if s.files else {}),
         **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source}
                            for p in s.provenance]} if provenance else {}),
     }

@@ -7,6 +7,7 @@ parallel mode are known) on the raw m3_* data, so the plan can be built; `check_
 from __future__ import annotations
 
 import difflib
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -245,8 +246,15 @@ def engine_fits(c: Cluster, add: Add) -> None:
             "Fix: m3_engine = 'mocker'")
     if engine == "mocker" and serving != "dynamo":
         add("key m3_serving: the mocker engine is Dynamo's; it needs m3_serving = 'dynamo'")
+    # Dynamo's MiniMax-M3 recipe (ai-dynamo/dynamo recipes/minimax-m3/README.md): TensorRT-LLM aggregated, BF16,
+    # text only; the vendor blog (seed 002) also serves it text-only
     if engine == "trtllm" and "text-only" not in features:
-        add("key m3_features: TensorRT-LLM serves MiniMax-M3 text-only. Fix: add 'text-only' to m3_features")
+        add("key m3_features: TensorRT-LLM serves MiniMax-M3 text-only (no image input: Dynamo's MiniMax-M3 recipe "
+            "and the vendor blog). Fix: add 'text-only' to m3_features")
+    if engine == "trtllm" and c.variant != "bf16":
+        add(f"key m3_variant: TensorRT-LLM runs MiniMax-M3 from the BF16 checkpoint only (Dynamo's MiniMax-M3 "
+            f"recipe; no {c.variant} TensorRT-LLM recipe exists), not {c.variant}. Fix: m3_variant = 'bf16', or "
+            "m3_engine = 'vllm'")
     if engine != "vllm" and engine != "mocker":
         for f in ("eagle3", "eagle3-gqa", "kv-offload", "high-concurrency", "agentx", "fp8-per-channel"):
             if f in features:
@@ -343,8 +351,9 @@ def worker_layout(c: Cluster, add: Add) -> None:
     if engine == "mocker" and platform == "sim" and size != 1:
         add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
     if engine == "trtllm" and size > g:
-        add(f"key m3_parallel: multi-host TensorRT-LLM ({mode} over {g}-GPU hosts) is not supported by m3deploy. "
-            "Fix: use vllm for multi-host workers")
+        add(f"key m3_parallel: a TensorRT-LLM worker over several hosts ({mode} over {g}-GPU hosts) is one MPI world "
+            "(mpirun over SSH from rank 0, Dynamo's multi-node TensorRT-LLM docs), which m3deploy does not launch yet. "
+            f"Fix: a {mode} that fits one host, or m3_engine = 'vllm' for multi-host workers")
     # weights must fit in the worker's GPU memory
     if engine != "mocker" and platform != "sim":
         per_gpu = int(_v(c.ref, "m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
@@ -405,23 +414,27 @@ def check_plan(plan, hosts) -> list[str]:
             for i, tok in enumerate(argv):
                 if tok.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                     pairs[tok.replace("_", "-")] = argv[i + 1]  # engines take --block_size as --block-size
-            for flag in ("--block-size", "--kv-cache-block-size"):
+            for flag in ("--block-size", "--kv-cache-block-size", "--kv-block-size", "--page-size"):
                 if flag in pairs and pairs[flag] != str(cat["model"]["block_size"]):
                     add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size 128 (MSA sparse "
                         f"block; other sizes misalign sparse attention). Fix: remove it from m3_extra_args")
             for flag, kind in (("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool_call"),
                                ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call")):
-                if flag in pairs and parsers and pairs[flag] != parsers[kind]:
-                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 uses the {parsers[kind]!r} "
+                # --dyn-* parsers are the Dynamo runtime's names, whatever the engine
+                want = (cat["model"]["parsers"]["dynamo"] if flag.startswith("--dyn-") and plan.engine != "mocker"
+                        else parsers)
+                if flag in pairs and want and pairs[flag] != want[kind]:
+                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 uses the {want[kind]!r} "
                         f"parser on {plan.engine} (minimax_m2 is the previous release's). Fix: remove it from "
                         "m3_extra_args")
-            flags = (cat_engines.get(plan.engine) or {}).get("parallel") or {}
+            flags = catalog.by_serving((cat_engines.get(plan.engine) or {}).get("parallel") or {}, plan.serving)
             if svc.kind == "worker" and "tp" in flags and "dp" in flags and {flags["tp"], flags["dp"]} <= set(argv):
                 add(f"host {hp.name} {svc.name}: both {flags['dp']} and {flags['tp']}: {plan.parallel} runs "
                     f"data-parallel ranks of one GPU each. Fix: remove {flags['tp']} from m3_extra_args (or the "
                     "recipe layer that sets it)")
             if svc.kind == "worker" and plan.engine != "mocker":
                 problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
+                problems += image_problems(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
             for p in svc.ports:
                 bound[p.port].append((p.address, svc.name, p.name))
         ssh_port = int(data_of.get(hp.name, {}).get("ssh_port") or 22)
@@ -447,3 +460,45 @@ def _unstaged_repos(plan, host: str, svc, rules) -> list[str]:
             f"model_repos, so it is never staged and the worker (HF_HUB_OFFLINE=1) cannot load it. Fix: pass it "
             f"with a flag engines.yaml `repo_args` lists for {plan.engine} ({known}), or remove it from m3_extra_args"
             for flag, repo in repos.references(svc.argv) if flag not in served and repo not in staged]
+
+
+FLOATING_TAGS = ("latest", "nightly", "main", "stable")
+
+
+def image_problems(plan, host: str, svc, rules) -> list[str]:
+    """A worker's image names its engine version (engines.yaml `images:`, or at least a version tag or digest),
+    and under Dynamo that version is one the pinned Dynamo's worker module runs with (engines.yaml `dynamo:`)."""
+    image = svc.base_image or svc.image
+    if not image or plan.engine == "mocker":
+        return []
+    where = f"host {host} {svc.name}: image {image}"
+    name, _, digest = image.partition("@")
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+    known = rules.get("images") or {}
+    pinned = ", ".join(sorted(known)) or "none"
+    if not digest and (not tag or tag in FLOATING_TAGS):
+        return [(f"{where} is a floating tag ({tag or 'no tag'}): a re-pull changes the engine, so no flag contract "
+                 f"holds. Fix: set m3_image to a version tag or a digest (checked ones: {pinned})")]
+    entry = known.get(image)
+    rng = (rules.get("dynamo") or {}).get(str(plan.dynamo_version)) if plan.serving == "dynamo" else None
+    if not entry or not rng:
+        return []
+    have = _version(str(entry["version"]))
+    if have < _version(str(rng["min"])):
+        return [(f"{where} carries {plan.engine} {entry['version']}, older than Dynamo {plan.dynamo_version} works "
+                 f"with (>= {rng['min']}): {rng['why_min']}. Fix: an image of {plan.engine} {rng['min']} or later, "
+                 f"below {rng['below']}")]
+    if have >= _version(str(rng["below"])):
+        return [(f"{where} carries {plan.engine} {entry['version']}, newer than Dynamo {plan.dynamo_version} works "
+                 f"with (< {rng['below']}): {rng['why_below']}. Fix: an image of {plan.engine} >= {rng['min']} and "
+                 f"< {rng['below']}, or m3_serving = 'standalone'")]
+    return []
+
+
+def _version(v: str) -> tuple:
+    """`0.31.0`, `1.3.0rc29` -> comparable (a release sorts after its release candidates)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)*)(?:rc(\d+))?(?:[.+-].*)?", v)
+    if not m:
+        raise ValueError(f"engines.yaml: {v!r} is not an engine version")
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    return nums + (0,) * (4 - len(nums)) + ((int(m.group(2)),) if m.group(2) else (1 << 30,))

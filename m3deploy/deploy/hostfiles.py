@@ -2,7 +2,8 @@
 exactly what `host_files` returns) and for `m3deploy render` (which writes it into a directory for review).
 
 `host_files(cp, hp, secrets)` -> [HostFile], in deploy order: apt's retry setting (`APT_CONF`, before the
-host's first apt operation), the host's manifest (`MANIFEST`), then per service its 0600 env file and its unit
+host's first apt operation), the host's manifest (`MANIFEST`), then per service the config files its command
+names (Service.files: TensorRT-LLM's engine YAML), its 0600 env file and its unit
 (etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
 workers' script that unregisters a killed process (files/m3-unregister-dead.py), the simulated engines' script
 and the nats-server mask (a link to /dev/null).
@@ -158,6 +159,11 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     return HostFile(unit_path(s), text)
 
 
+def config_files(s: Service) -> list[HostFile]:
+    """The config files the service's command names (Service.files: TensorRT-LLM's engine YAML)."""
+    return [HostFile(path, text) for path, text in s.files]
+
+
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     """With 3 control hosts the plan gives each NATS node its routes (M3_NATS_ROUTE_<i>, in its env file: with
     auth their URLs carry the route user's password) and a "cluster" port: the conf names the variables."""
@@ -253,7 +259,7 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out.append(sim_engine())  # once, before the first unit that runs it
         if s is next((w for w in hp.services if unregisters_dead(w)), None):
             out.append(unregister_script())  # once, before the first unit that runs it
-        out += [env_file(s, secrets), unit_file(cp, s)]
+        out += [*config_files(s), env_file(s, secrets), unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)]
     return out

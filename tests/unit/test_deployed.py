@@ -102,7 +102,7 @@ def test_diff_names_what_a_deploy_would_change():
     deployed.write_host(plan, hp, _running(plan, hp))
     changed = load_plan(INV, ['m3_max_model_len=65536', 'm3_image="vllm/vllm-openai:v0.12"'], facts=False)
     lines = deployed.diff(changed, deployed.load(plan.name))
-    assert f"{hp.name}: ~ m3-worker@0 image vllm/vllm-openai:minimax-m3 -> vllm/vllm-openai:v0.12 (restart)" in lines
+    assert f"{hp.name}: ~ m3-worker@0 image vllm/vllm-openai:v0.31.0 -> vllm/vllm-openai:v0.12 (restart)" in lines
     assert any(x.endswith("not deployed yet") for x in lines)  # the other hosts
     check = next(c for c in verify.controller_checks(changed) if c.id == f"deployed/{hp.name}")
     r = verify.run_check(check, None)

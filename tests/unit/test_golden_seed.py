@@ -90,7 +90,9 @@ def test_nvidia_tp8():
   --tool-call-parser minimax_m3 \\
   --reasoning-parser minimax_m3 \\
   --enable-auto-tool-choice""")
-    assert svc.image == "vllm/vllm-openai:minimax-m3"
+    # the seed's :minimax-m3 tag names no version; the plan pins the release its flags were checked against
+    # (m3deploy/core/data/engines.yaml images:, tests/unit/test_engine_flags.py)
+    assert svc.image == "vllm/vllm-openai:v0.31.0"
     assert svc.docker_args[:3] == ("--network", "host", "--ipc=host")
     assert "--gpus" in svc.docker_args and "all" in svc.docker_args
 
@@ -212,7 +214,7 @@ def test_amd_tp8_text_or_vision(platform):
   --tool-call-parser minimax_m3 \\
   --reasoning-parser minimax_m3 \\
   --enable-auto-tool-choice""")
-    assert svc.image == "vllm/vllm-openai-rocm:nightly"
+    assert svc.image == "vllm/vllm-openai-rocm:v0.33.0"  # the seed's :nightly, pinned
     # docker run flags of the seed's AMD container line
     assert svc.docker_args[2:] == ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
                                    "--cap-add", "SYS_PTRACE", "--security-opt", "seccomp=unconfined", "--ipc=host",
@@ -318,7 +320,7 @@ vllm serve MiniMaxAI/MiniMax-M3-MXFP8 \\
   --tool-call-parser minimax_m3 \\
   --reasoning-parser minimax_m3 \\
   --enable-auto-tool-choice""")
-    assert svc.image == "vllm/vllm-openai-rocm:nightly"
+    assert svc.image == "vllm/vllm-openai-rocm:v0.33.0"  # the seed's :nightly, pinned
 
 
 def test_mi355x_mxfp8_high_concurrency_tp4():
@@ -455,7 +457,9 @@ python3 -m dynamo.frontend --trust-remote-code \\
     argv = list(fe.argv)
     assert argv[1:3] == ["-m", "dynamo.frontend"]
     flags = _flags(argv[3:])
-    # the plan adds the bind address/port and a migration limit (notes: 0 failed 3/91 requests on a worker kill)
+    # the plan adds the bind address/port and a migration limit (notes: 0 failed 3/91 requests on a worker kill);
+    # it drops --router-temperature 0: deprecated in 1.6.1 ("removed in v1.7") and the default
+    del sflags["--router-temperature"]
     assert flags == {**sflags, "--http-host": "10.0.0.2", "--http-port": "8000", "--migration-limit": "3"}
     env = dict(fe.env)
     assert {k: env[k] for k in senv} == senv
@@ -480,7 +484,10 @@ def test_sglang_blog_line():
 --moe-runner-backend deep_gemm
 --chunked-prefill-size 8192
 --reasoning-parser minimax-m3
---tool-call-parser minimax-m3-nom""", prog=["python3", "-m", "sglang.launch_server"])
+--tool-call-parser minimax-m3""", prog=["python3", "-m", "sglang.launch_server"])
+    # the blog spells the tool parser minimax-m3-nom, which SGLang refuses: sglang 0.5.21
+    # srt/function_call/parser_names.py lists minimax-m3 (docs/RECIPES.md "Parser names")
+    assert svc.image == "lmsysorg/sglang:v0.5.21"
 
 
 def test_trtllm_text_only_line():
@@ -488,7 +495,8 @@ def test_trtllm_text_only_line():
     prog, flags, _ = split(svc)
     assert prog == ["trtllm-serve", "serve", "MiniMaxAI/MiniMax-M3"]
     assert flags["--tp_size"] == "8" and flags["--backend"] == "pytorch"
-    assert svc.image.startswith("nvcr.io/nvidia/tensorrt-llm/")
+    assert flags["--tool_parser"] == "minimax_m3" and flags["--reasoning_parser"] == "minimax_m3"
+    assert svc.image == "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc29"
 
 
 # ------------------------------------------------------------------------------------------ provenance
@@ -505,4 +513,4 @@ def test_every_flag_and_env_names_its_layer():
     assert prov["--linear-backend"].source == "m3deploy/core/data/layers/50-features.yaml"
     assert prov["env:NCCL_DEBUG"].layer == "cluster:m3_extra_env"
     assert prov["--block-size"].layer == "base"
-    assert prov["image"].layer == "platform:mi355x:mxfp8"
+    assert prov["image"].layer == "vendor:amd"  # one pinned ROCm image for every AMD layer (engines.yaml images:)

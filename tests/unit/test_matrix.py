@@ -33,8 +33,8 @@ def test_matrix_has_rows():
     assert len(ROWS) >= 20
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: "-".join(r[:5] + [r[5].replace(", ", "+")]))
-def test_row_builds(row):
+def row_plan(row):
+    """The plan of one matrix row: its hosts (GPUs per host of the platform) and, under Dynamo, a control host."""
     platform, variant, parallel, engine, serving, features, validated = row
     feats = [f.strip() for f in features.split(",") if f.strip()]
     kind, size, _ = settings.parse_parallel(parallel)
@@ -47,7 +47,12 @@ def test_row_builds(row):
     groups = {"workers": [(f"w{i}", {"m3_address": f"10.1.0.{10 + i}"}) for i in range(n)]}
     if serving == "dynamo":
         groups["control"] = [("c", {"m3_address": "10.1.0.2"})]
-    p = planmod.build(inventory.hosts_from_dict(groups, all_data=data))
+    return planmod.build(inventory.hosts_from_dict(groups, all_data=data))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: "-".join(r[:5] + [r[5].replace(", ", "+")]))
+def test_row_builds(row):
+    p = row_plan(row)
     assert p.workers and all(w.services for w in p.workers)
 
 

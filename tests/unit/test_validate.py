@@ -219,3 +219,34 @@ def test_dp8_ep_on_gb200_dynamo_is_data_parallel_only():
     # refused by the input contract already: the plan owns --tensor-parallel-size (engines.yaml `parallel`)
     assert any("'--tensor-parallel-size' is set by the plan" in x and "set m3_parallel instead" in x
                for x in e.value.problems), e.value.problems
+
+
+def test_trtllm_recipe_limits():
+    """Dynamo's MiniMax-M3 recipe: TensorRT-LLM from BF16, text only, one MPI world over trays not built yet."""
+    assert "BF16 checkpoint only" in one(m3_platform="b200", m3_engine="trtllm", m3_variant="mxfp8",
+                                         m3_features=["text-only"])
+    p = one(m3_platform="gb200", m3_engine="trtllm", m3_parallel="tp8", m3_features=["text-only"], workers=2)
+    assert "one MPI world" in p and "m3_engine = 'vllm'" in p
+
+
+@pytest.mark.parametrize("image", ["lmsysorg/sglang:latest", "vllm/vllm-openai-rocm:nightly", "vllm/vllm-openai"])
+def test_floating_image_refused(image):
+    p = one(m3_image=image)
+    assert p.startswith(f"host w0 m3-worker@0: image {image} is a floating tag") and "Fix: set m3_image" in p
+
+
+def test_pinned_user_image_accepted():
+    assert build(m3_image="registry.example/vllm:v0.31.0-m3").hosts[0].services[0].image == \
+        "registry.example/vllm:v0.31.0-m3"
+
+
+def test_engine_version_outside_dynamo_range(tmp_path, monkeypatch):
+    """dynamo.vllm 1.6.1 needs 0.27 <= vLLM < 0.32; the reason names the import that fails."""
+    newer = one(m3_platform="mi355x", m3_variant="mxfp8", m3_serving="dynamo", control=1)
+    assert "vllm/vllm-openai-rocm:v0.33.0 carries vllm 0.33.0, newer than Dynamo 1.6.1" in newer
+    assert "get_engine_zmq_addresses" in newer
+    (tmp_path / "engines.yaml").write_text(
+        "vllm:\n  images:\n    vllm/vllm-openai:v0.26.0: {version: 0.26.0, source: test}\n")
+    monkeypatch.setenv("M3DEPLOY_RECIPES", str(tmp_path))
+    older = one(m3_image="vllm/vllm-openai:v0.26.0", m3_serving="dynamo", control=1)
+    assert "carries vllm 0.26.0, older than Dynamo 1.6.1 works with (>= 0.27.0)" in older and "VLLMClientError" in older
