@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import hashlib
 
-import pytest
-
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import load_secrets
 from m3deploy.core import build as planmod
 from m3deploy.core import edge, inventory
 from tests.deploy.test_deploy_py import ROOT, Cluster, assert_role_order, controller, op  # noqa: F401 (fixture)
-
-KEYS = ["m3k-edge-deploy-one-0123", "m3k-edge-deploy-two-4567"]
-
-
-@pytest.fixture
-def key_file(tmp_path):
-    p = tmp_path / "api.keys"
-    p.write_text("".join(k + "\n" for k in KEYS))
-    p.chmod(0o600)
-    return p
+from tests.unit.test_edge import KEYS, key_file  # noqa: F401 (fixture)
 
 
 def _cluster(override: dict) -> Cluster:
