@@ -23,7 +23,7 @@ def _cluster(override: dict) -> Cluster:
     return c
 
 
-def test_edge_on_the_control_host(key_file):
+def test_edge_on_the_control_host(key_file):  # noqa: F811 (the imported fixture)
     c = _cluster({"m3_serving": "dynamo", "m3_edge": True, "m3_api_key_file": str(key_file)})
     run = c.run(state="fresh")
     assert run.error is None, run.error
