@@ -211,3 +211,16 @@ def test_user_certificate_must_be_private(tmp_path):
         tls.edge_pem(p)
     key.chmod(0o600)
     assert tls.edge_pem(p).startswith("-----BEGIN CERTIFICATE-----") and tls.ca_file(p) is None
+
+
+# ---------------------------------------------------------------------------------------------- bench
+def test_bench_through_the_edge_verifies_with_the_ca_or_says_why_not(tmp_path):
+    from m3deploy.check import bench
+
+    p = build(hosts(), name="benchedge")
+    env = bench.aiperf_env(p)
+    assert env["SSL_CERT_FILE"] == tls.ca_file(p) and os.path.isfile(env["SSL_CERT_FILE"])
+    assert bench.base_url(p) == "https://10.0.0.1:8443"
+    with pytest.raises(M3Error, match="--client aiperf"):
+        bench._run_vllm(p, None, 1, 1, tmp_path, None, None)
+    assert bench.aiperf_env(build(hosts(m3_edge=False), name="benchplain")) is None
