@@ -134,16 +134,24 @@ def edge_pem(plan) -> str:
     return data[EDGE_CERT] + data[EDGE_KEY]
 
 
-def ca_file(plan) -> str | None:
-    """The CA file our clients verify the edge with: m3_tls_ca_file, the cluster CA's certificate
-    (`<config>/<cluster>/ca.pem`, written from the store), or None (the system's trust store)."""
+def ca_path(plan) -> str | None:
+    """Where ca_file puts (or finds) the CA our clients trust, without making anything: for reproduce lines."""
     st = _settings(plan)
     if not plan.endpoint.startswith("https://"):
         return None
     if st.get("m3_tls_cert_file"):
         return str(Path(st["m3_tls_ca_file"]).expanduser()) if st.get("m3_tls_ca_file") else None
+    return str(store.secrets_path(plan.name).with_name("ca.pem"))
+
+
+def ca_file(plan) -> str | None:
+    """The CA file our clients verify the edge with: m3_tls_ca_file, the cluster CA's certificate
+    (`<config>/<cluster>/ca.pem`, written from the store), or None (the system's trust store)."""
+    path = ca_path(plan)
+    if path is None or _settings(plan).get("m3_tls_cert_file"):
+        return path
     data = ensure_cluster_tls(plan.name, edge_names(plan))
-    path = store.secrets_path(plan.name).with_name("ca.pem")
+    path = Path(path)
     if not path.is_file() or path.read_text() != data[CA_CERT]:
         tmp = path.with_name(f".ca.pem.{os.getpid()}.tmp")
         tmp.write_text(data[CA_CERT])
