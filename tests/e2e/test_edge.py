@@ -234,3 +234,12 @@ def test_unplanned_frontend_restart_fails_at_most_the_requests_in_flight(cluster
     _record("unplanned `systemctl restart m3-frontend` behind the edge", stats, took,
             "not drained: only the requests on it when it stopped can fail")
     assert stats.failed <= 4, stats.summary()
+
+
+def test_a_rerun_without_change_changes_nothing(cluster):
+    """Idempotent with the edge: no reload, no drained restart, no file rewritten (the certificate is not made
+    again, the key hashes are the same)."""
+    from test_drills import _changed_ops
+
+    out = deploy().stdout
+    assert _changed_ops(out) == [], _changed_ops(out)
