@@ -10,7 +10,7 @@ the unit); secrets (TLS key, key hashes) from roles/_units.secrets_for.
   key or certificate rotates by a re-run).
 - `restart_frontend()` is the planned restart of a frontend behind the edge (roles/frontend.py): drain its server
   on every edge (runtime API, root-only socket), wait until no request is on it, stop it (maint), restart it, wait
-  until it is live and lists every planned worker under its running process, put it back (ready) and wait until
+  until it is live, lists every planned worker under its running process and has each served model ready, put it back (ready) and wait until
   every edge has it UP. Only then the next frontend (a host's frontends restart one after another).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, python, systemd
 from pyinfra.operations.util import any_changed
 
+from m3deploy.check import contract, rollout
 from m3deploy.check import readiness as _readiness
-from m3deploy.check import rollout
 from m3deploy.check.checks import instance_services, metrics_url
 from m3deploy.core import edge
 from m3deploy.core.errors import M3Error
@@ -131,6 +131,10 @@ def _drained_restart(cp, s) -> None:
         took = rollout.wait_workers(health, {k: v for k, v in heads.items() if v},
                                     timeout_s=s.readiness.timeout_s if s.readiness else 120)
         host.log(f"{s.unit}: lists every planned worker ({took:.1f} s)")
+        base = f"http://{url_host(port.address)}:{port.port}"
+        for model in contract.served_models(cp):  # listed is not routable (a 404 "Model not found" until then)
+            took = _readiness.wait_model_ready(base, model, timeout_s=s.readiness.timeout_s if s.readiness else 120)
+            host.log(f"{s.unit}: {model} ready ({took:.1f} s)")
         _set_state(cp, name, "ready")
         took = _wait_stat(cp, on, name, lambda r: r.get("status", "").startswith("UP"), "not UP at the edge", 60)
         host.log(f"{name}: back in the edge(s), UP ({took:.1f} s)")

@@ -9,7 +9,10 @@ HAProxy's master reads them as root at start and at every reload, before its wor
 """
 from __future__ import annotations
 
+import re
+
 from m3deploy.core import edge
+from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, Service
 from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
 from m3deploy.deploy.render import render
@@ -35,10 +38,14 @@ def keys_required(cp: ClusterPlan) -> bool:
 
 def config(cp: ClusterPlan, s: Service) -> HostFile:
     port = next(p for p in s.ports if p.name == "https")
+    if not re.fullmatch(r"[A-Za-z0-9._/:@+-]+", cp.served_model_name):
+        raise M3Error(f"the edge's health check matches the served model name in /v1/models: "
+                      f"{cp.served_model_name!r} holds characters it does not match literally. Fix: "
+                      "m3_served_model_name of letters, digits and . _ / : @ + -")
     text = render("haproxy.cfg.j2", cluster=cp.name, socket=edge.EDGE_SOCKET, pem=edge.EDGE_PEM,
                   keys=edge.EDGE_KEYS, keys_required=keys_required(cp), bind=port.address, port=port.port,
                   backend=edge.BACKEND, servers=servers(cp), connect_ms=CONNECT_MS, retries=RETRIES,
-                  check_ms=CHECK_MS)
+                  check_ms=CHECK_MS, model=cp.served_model_name)
     return HostFile(edge.EDGE_CONF, text)
 
 
