@@ -196,7 +196,7 @@ def test_planned_frontend_restart_under_load_fails_nothing(cluster):
 
     stats, took = under_load(p, ca, KEY_A, restart)
     _record("planned restart of both frontends (deploy re-run), behind the edge", stats, took,
-            "each drained at the edge, restarted, back once it lists every worker")
+            "each drained at the edge, restarted, back once it lists every worker and the model")
     for s in fronts:
         assert f"Restart {s.unit} {DRAINED_OP}" in out["run"], out["run"][-3000:]
         assert on(ctl, f"systemctl show -p MainPID --value {s.unit}").strip() != pids[s.unit], f"{s.unit} not restarted"
