@@ -13,7 +13,7 @@ from m3deploy.controller.secrets import load_secrets
 from m3deploy.core import build as planmod
 from m3deploy.core import edge, inventory
 from tests.deploy.test_deploy_py import ROOT, Cluster, assert_role_order, controller, op  # noqa: F401 (fixture)
-from tests.unit.test_edge import KEYS, key_file  # noqa: F401 (fixture)
+from tests.unit.test_edge_plan import KEYS, key_file  # noqa: F401 (fixture)
 
 
 def _cluster(override: dict) -> Cluster:
