@@ -35,6 +35,7 @@ from roles._rollout import roll_workers  # noqa: E402
 from roles.apt import configure_apt  # noqa: E402
 from roles.artifacts import deploy_artifacts  # noqa: E402
 from roles.drivers import deploy_drivers  # noqa: E402
+from roles.edge import deploy_edge  # noqa: E402
 from roles.etcd import deploy_etcd  # noqa: E402
 from roles.frontend import deploy_frontend  # noqa: E402
 from roles.images import deploy_images  # noqa: E402
@@ -82,6 +83,8 @@ else:
         deploy_nats()
     if "frontend" in kinds:
         deploy_frontend()
+    if "edge" in kinds:
+        deploy_edge()  # HAProxy in front of the frontends (m3_edge)
     _all_hosts_reach("control services and GPU hosts ready")
     if "worker" in kinds:
         deploy_workers()

@@ -37,12 +37,21 @@ def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
 
 
 def secrets_for(cp: ClusterPlan) -> dict[str, str]:
-    """The generated secrets of the cluster, and its API key (m3_api_key_file) when it has one."""
+    """The generated secrets of the cluster, its API key (m3_api_key_file) when it has one, and the edge's."""
     out = dict(_secrets(cp.name))
     key = api_key(cp)
     if key:
         out[API_KEY_SECRET] = key
+    if cp.endpoint.startswith("https://"):  # the edge's TLS material and the hashes of every valid key
+        out.update(_edge_secrets(cp))
     return out
+
+
+def _edge_secrets(cp: ClusterPlan) -> dict[str, str]:
+    from m3deploy.controller import secrets, tls
+    from m3deploy.core import edge
+
+    return {edge.TLS_SECRET: tls.edge_pem(cp), edge.KEYS_SECRET: edge.key_hashes(secrets.api_keys(cp))}
 
 
 def services(hp: HostPlan, kind: str) -> list[Service]:

@@ -11,8 +11,9 @@ from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy.deploy import hostfiles
-from m3deploy.deploy.hostfiles import WATCHDOG, WATCHDOG_UNIT
+from m3deploy.deploy.hostfiles import WATCHDOG
 from roles import _units as u
+from roles.edge import restart_frontend
 
 
 @deploy("Deploy the Dynamo frontend")
@@ -23,7 +24,10 @@ def deploy_frontend():
             u.ensure_m3_user()
         u.ensure_workdir(s, hostfiles.service_user(s))
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op))
+        if any(x.kind == "edge" for h in cp.hosts for x in h.services):  # drained at the edge (roles/edge.py)
+            started = restart_frontend(cp, s, unit_op, u.changes(s, unit_op, env_op))
+        else:
+            started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op))
         u.wait_ready(s, started)
         if hostfiles.has_watchdog(s):
             _watchdog(cp, s)
@@ -32,10 +36,11 @@ def deploy_frontend():
 def _watchdog(cp, s):
     """m3-frontend-watchdog.service restarts the frontend when its /live stops answering while the unit is active:
     after losing its etcd lease the frontend can hang in shutdown instead of exiting (files/m3-watchdog.py)."""
+    name = hostfiles.watchdog_unit_name(s)
     script = u.ship(hostfiles.watchdog_script(), name=f"Ship {WATCHDOG}")
     unit = u.ship(hostfiles.watchdog_unit(cp, s))
-    systemd.daemon_reload(name=f"Reload systemd ({WATCHDOG_UNIT} changed)", _if=unit.did_change)
+    systemd.daemon_reload(name=f"Reload systemd ({name} changed)", _if=unit.did_change)
     changed = any_changed(script, unit)
-    systemd.service(name=f"Restart {WATCHDOG_UNIT} (its files changed)", service=WATCHDOG_UNIT, running=True,
+    systemd.service(name=f"Restart {name} (its files changed)", service=name, running=True,
                     restarted=True, enabled=True, _if=changed)
-    u.ensure_started(name=f"Start {WATCHDOG_UNIT}", unit=WATCHDOG_UNIT, _if=lambda: not changed())
+    u.ensure_started(name=f"Start {name}", unit=name, _if=lambda: not changed())

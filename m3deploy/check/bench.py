@@ -300,14 +300,27 @@ def _run_aiperf(plan, w, conc, prompts, out: Path, tokenizer: str) -> dict[str, 
         f.write("$ " + shlex.join(argv) + "\n")
         f.flush()
         res = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             timeout=max(600, prompts * 60 // max(conc, 1)))
+                             timeout=max(600, prompts * 60 // max(conc, 1)), env=aiperf_env(plan))
     if res.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise M3Error(f"aiperf exited {res.returncode} (concurrency {conc}); its log {log} ends:\n{tail}")
     return benchreport.from_aiperf(art)
 
 
+def aiperf_env(plan: ClusterPlan) -> dict[str, str] | None:
+    """aiperf's environment: through the edge (HTTPS) SSL_CERT_FILE names the cluster's CA (aiperf 0.13.0's
+    aiohttp connector verifies with `ssl=True`, aiohttp's default context, which OpenSSL fills from it)."""
+    from m3deploy.controller import tls
+
+    ca = tls.ca_file(plan)
+    return {**os.environ, "SSL_CERT_FILE": ca} if ca else None
+
+
 def _run_vllm(plan, w, conc, prompts, out: Path, ctx, image: str | None) -> dict[str, Any]:
+    if plan.endpoint.startswith("https://"):
+        raise M3Error("the endpoint is the edge (m3_edge), and `vllm bench serve` runs on a worker host, which has "
+                      "neither the cluster's CA nor the edge's API keys. Fix: --client aiperf (on the controller, "
+                      "verifying with the CA; without m3_api_key_file)")
     h, _ = bench_host(plan)
     remote = f"/tmp/m3bench-{out.name}"
     name = f"vllm-c{conc}.json"

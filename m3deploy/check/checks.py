@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import click
 
+from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
@@ -271,6 +272,7 @@ class Context:
         self._listeners: dict[str, list[Listener]] = {}
         self._openai = None
         self.api_key = api_key(plan)  # m3_api_key_file (M3Error when unreadable or not 0600), else None
+        self.tls = tls.trust(plan)  # HTTPS to the edge, verified with the cluster's CA (m3deploy.controller.tls)
         self._lock = threading.Lock()
         self.cache: dict[str, Any] = {}
 
@@ -330,7 +332,8 @@ class Context:
 
             key = self.api_key or os.environ.get("M3_API_KEY", "none")
             self._openai = openai.OpenAI(base_url=self.plan.endpoint, api_key=key,
-                                         timeout=httpx.Timeout(self.request_timeout, connect=5.0), max_retries=0)
+                                         timeout=httpx.Timeout(self.request_timeout, connect=5.0), max_retries=0,
+                                         **({"http_client": httpx.Client(verify=self.tls)} if self.tls else {}))
         return self._openai
 
     def close(self) -> None:

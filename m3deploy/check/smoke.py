@@ -28,6 +28,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from m3deploy.controller import tls
 from m3deploy.core.model import ClusterPlan
 from m3deploy.check.checks import (Check, CheckFailed, Context, frontend, generate_requests, instance_services,
                      metrics_url, worker_id_hex)
@@ -44,8 +45,9 @@ def key_file(plan: ClusterPlan) -> str:
 
 def _auth_arg(plan: ClusterPlan) -> str:
     """curl's header with the cluster's API key, read from its file when the command runs (never printed)."""
-    f = key_file(plan)
-    return f'-H "Authorization: Bearer $(cat {shlex.quote(f)})" ' if f else ""
+    f, ca = key_file(plan), tls.ca_path(plan)  # with the edge: its CA, and the file's first key
+    return ((f"--cacert {shlex.quote(ca)} " if ca else "")
+            + (f'-H "Authorization: Bearer $(head -n1 {shlex.quote(f)})" ' if f else ""))
 
 
 def _curl(plan: ClusterPlan, path: str, body: dict, headers: dict | None = None) -> str:

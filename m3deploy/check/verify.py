@@ -316,7 +316,9 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     if only_host and only_host not in {h.name for h in plan.hosts}:
         raise M3Error(f"--host {only_host}: no such host in cluster {plan.name} "
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
-    checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host)
+    from m3deploy.check.edgecheck import edge_checks
+
+    checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host) + edge_checks(plan, inv, only_host)
     if smoke:
         from m3deploy.check import contract
         from m3deploy.check import smoke as smokemod

@@ -29,7 +29,7 @@ KNOWN = {
 }
 
 
-API_KEY_FIX = ("Fix: write the key there alone on one line and make it private, e.g. "
+API_KEY_FIX = ("Fix: write the key there on one line (with the edge: one key per line) and make it private, e.g. "
                "`openssl rand -hex 32 > FILE && chmod 600 FILE` (docs/OPERATIONS.md \"API key\")")
 
 
@@ -41,31 +41,49 @@ def require_private(path: Path, where: str) -> None:
         raise M3Error(f"{where} is readable by others (mode {mode:o}). Fix: chmod 600 {path}")
 
 
-def read_api_key(path: str) -> str:
-    """The key in m3_api_key_file (a controller path): a regular file, mode 0600 or stricter, one line of printable
-    ASCII without spaces (an HTTP header value). Raises M3Error naming the key, the file and the fix; the message
-    never holds the file's content."""
+def read_api_keys(path: str, several: bool = False) -> list[str]:
+    """The keys in m3_api_key_file (a controller path): a regular file, mode 0600 or stricter, one key per line,
+    each printable ASCII without spaces (an HTTP header value); several lines only where `several` (the edge
+    takes every one: a rotation keeps the old key valid while clients move to the new one). Raises M3Error naming
+    the key, the file and the fix; the message never holds the file's content."""
     p = Path(path).expanduser()
     where = f"key m3_api_key_file: {p}"
     if not p.is_file():
         raise M3Error(f"{where} does not exist on the controller (or is not a file). {API_KEY_FIX}")
     require_private(p, where)
     try:
-        key = p.read_text(encoding="ascii").strip()
+        lines = p.read_text(encoding="ascii").strip().splitlines()
     except (OSError, UnicodeError) as e:
         raise M3Error(f"{where} cannot be read as text ({type(e).__name__}). {API_KEY_FIX}") from None
-    if not key:
+    keys = [ln.strip() for ln in lines if ln.strip()]
+    if not keys:
         raise M3Error(f"{where} is empty: an empty key would leave the API open. {API_KEY_FIX}")
-    if not re.fullmatch(r"[!-~]+", key):
-        raise M3Error(f"{where} holds more than one line, spaces or control characters (value not shown); "
-                      f"clients send it as `Authorization: Bearer KEY`. {API_KEY_FIX}")
-    return key
+    if len(keys) > 1 and not several:
+        raise M3Error(f"{where} holds more than one line (values not shown); several keys at once are taken only by "
+                      f"the edge (m3_edge = true). {API_KEY_FIX}")
+    bad = [i + 1 for i, k in enumerate(keys) if not re.fullmatch(r"[!-~]+", k)]
+    if bad:
+        raise M3Error(f"{where} has line(s) {', '.join(map(str, bad))} holding spaces or control characters (values not "
+                      f"shown); clients send a key as `Authorization: Bearer KEY`. {API_KEY_FIX}")
+    return keys
+
+
+def read_api_key(path: str) -> str:
+    """The one key of a standalone engine's m3_api_key_file (read_api_keys)."""
+    return read_api_keys(path)[0]
+
+
+def api_keys(plan) -> list[str]:
+    """Every valid key of the cluster (m3_api_key_file; several, one per line, with the edge), [] without one."""
+    st = dict(plan.settings)
+    path = st.get("m3_api_key_file")
+    return read_api_keys(path, several=bool(st.get("m3_edge"))) if path else []
 
 
 def api_key(plan) -> str | None:
-    """The cluster's API key (m3_api_key_file, recorded in the plan's settings), or None when it has none."""
-    path = dict(plan.settings).get("m3_api_key_file")
-    return read_api_key(path) if path else None
+    """The key our clients send (the file's first line), or None when the cluster has none."""
+    keys = api_keys(plan)
+    return keys[0] if keys else None
 
 
 # Made on demand (not for every cluster): name -> (what it is, generator).
@@ -145,13 +163,19 @@ def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
         if missing:
             for n in missing:
                 data[n] = _GENERATE.get(n, _new_value)()
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, path)
+            write_secrets(cluster, data)
     return data
+
+
+def write_secrets(cluster: str, data: dict[str, str]) -> None:
+    """Replace the store atomically (created 0600); callers hold its lock (m3deploy.controller.cachelock)."""
+    path = secrets_path(cluster)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def ensure_transfer_key(cluster: str) -> tuple[Path, str]:

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
+from m3deploy.core import catalog, edge, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -185,6 +185,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             services[h.name] = [_with_after(x, (fe,)) if x.kind in ("worker", "scripted") and x.rank == 0 and fe else x
                                 for x in services[h.name]]
         endpoint = f"http://{url_host(addr[control[0].name])}:{s['m3_frontend_port']}/v1" if control else ""
+        if edge.enabled(s) and control:  # HAProxy in front of the frontends: the endpoint is the edge's
+            endpoint = edge.apply(services, [c.name for c in control], addr, s)
     else:
         first = worker_plans[0].services[0] if worker_plans else ""
         endpoint = ""

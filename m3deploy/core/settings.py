@@ -156,7 +156,21 @@ _KEYS = (
     Key("m3_image_archive_dir", str, None, "controller directory of `docker save` archives (m3deploy save-images)"),
     Key("m3_hf_token_file", str, None, "controller path of a 0600 HF token (else HF_TOKEN from the environment)"),
     Key("m3_api_key_file", str, None, "controller path of a 0600 file holding the API key every client must send "
-        "(`Authorization: Bearer`); standalone vLLM only (docs/CONTRACTS.md)", True),
+        "(`Authorization: Bearer`); standalone vLLM, or Dynamo with m3_edge (then one key per line, all valid: a "
+        "key rotates by a re-run; clients send the first; docs/CONTRACTS.md)", True),
+    # the edge (m3deploy.core.edge, roles/edge.py, docs/OPERATIONS.md "The edge")
+    Key("m3_edge", bool, False, "Dynamo: HAProxy on each control host in front of the frontends (TLS, API keys, "
+        "health checks, drained frontend restarts); the plan's endpoint becomes the edge's", True),
+    Key("m3_edge_port", int, 8443, "the edge's HTTPS port on the control hosts' cluster addresses", True,
+        check="port"),
+    Key("m3_edge_frontends", int, 2, "with the edge: frontend processes per control host (m3-frontend, "
+        "m3-frontend-1, ...; ports from m3_frontend_port): a restart of one is drained while another serves",
+        True, range=(1, 8)),
+    Key("m3_tls_cert_file", str, None, "the edge's certificate chain (PEM, controller path, 0600); default: one "
+        "signed by the cluster CA the controller makes (m3deploy.controller.tls)", True),
+    Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
+    Key("m3_tls_ca_file", str, None, "with m3_tls_cert_file: the CA (PEM) our clients trust for the edge; default "
+        "the system's trust store", True),
     Key("m3_weights_source", str, "hub", "where each model repo comes from: 'hub' (every host downloads), "
         "'controller' (its HF cache, then fan-out), 'mirror:<host>' (that host downloads once, then fan-out), "
         "'shared' (one shared filesystem: one host downloads); docs/WEIGHTS.md", True, check="weights_source"),

@@ -153,6 +153,17 @@ def max_model_len(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def edge_settings(c: Cluster, add: Add) -> None:
+    """m3_edge and its keys (m3deploy.core.edge.problems)."""
+    from m3deploy.core import edge
+
+    for p in edge.problems({k: _v(c.ref, k) for k in ("m3_edge", "m3_serving", "m3_frontend_port", "m3_edge_port",
+                            "m3_edge_frontends", "m3_tls_cert_file", "m3_tls_key_file", "m3_tls_ca_file")},
+                           len(c.control)):
+        add(p)
+
+
+@rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
     """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
     mode = _v(c.ref, "m3_rollout")
@@ -273,7 +284,9 @@ def api_key_carried(c: Cluster, add: Add) -> None:
     if not _v(c.ref, "m3_api_key_file"):
         return
     fix = ("Fix: remove m3_api_key_file and put an authenticating reverse proxy (TLS + Bearer key) in front of "
-           "the endpoint, or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")
+           "the endpoint (m3_edge = true: HAProxy on the control hosts checks it), or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")
+    if c.serving == "dynamo" and _v(c.ref, "m3_edge"):
+        return  # the edge checks the key (m3deploy.core.edge)
     if c.serving == "dynamo":
         add("key m3_api_key_file: the Dynamo 1.6.1 frontend has no API-key option (no flag or env in "
             "dynamo.frontend or its HTTP service; its client auth is mutual TLS only), so nothing would check the "

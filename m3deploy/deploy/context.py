@@ -86,6 +86,11 @@ def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
             print(f"    [controller] {msg}", flush=True)
 
     secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
+    from m3deploy.controller import tls
+
+    tls.trust(plan)  # the edge's certificate made (or the user's read) and trusted, before any host
+    if plan.endpoint.startswith("https://"):
+        tls.edge_pem(plan)
     prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
     secrets.ensure_secrets(plan.name)
 

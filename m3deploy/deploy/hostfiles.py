@@ -19,11 +19,9 @@ No pyinfra here: render must run without it, and without any host.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
@@ -32,10 +30,11 @@ from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, image_problem, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.deploy import edgefiles
+from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
 from m3deploy.deploy.render import render, service_env
 
 REPO = Path(__file__).resolve().parents[2]  # the pyinfra project: files/ and templates/ beside roles/
-UNIT_DIR = "/etc/systemd/system"
 ETC_DIR = "/etc/m3"
 LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
@@ -53,47 +52,14 @@ WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restar
 NATS_MASK = f"{UNIT_DIR}/nats-server.service"
 WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
 STAMP = ".m3-wheelhouse"  # in a venv artifacts.py built: the digest of the wheelhouse it came from
-PACKAGES = {"etcd": "etcd-server", "nats": "nats-server"}
+PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy"}
 TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
              "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2"}
 _USERS = {"etcd": "etcd", "nats": "nats"}  # created by the etcd-server / nats-server packages
-_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|m3-[A-Za-z0-9@._-]+)\.service$")
-
-
-@dataclass(frozen=True)
-class HostFile:
-    path: str
-    text: str = ""
-    mode: str = "0644"
-    user: str = "root"
-    group: str = "root"
-    secret: bool = False  # holds secret values (masked when rendered without the secrets)
-    link: str = ""  # a symbolic link to this target instead of a file
-    source: str = ""  # the project file it is a copy of (files/...)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
-
-    def index(self) -> dict:
-        """Its entry in render's per-host index (no digest of a secret file: it would identify the secret)."""
-        d = {"path": self.path, "mode": self.mode, "owner": f"{self.user}:{self.group}"}
-        if self.link:
-            d["link"] = self.link
-        elif self.secret:
-            d["secret"] = True
-        else:
-            d["sha256"] = self.sha256
-        if self.source:
-            d["source"] = self.source
-        return d
+_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|haproxy|m3-[A-Za-z0-9@._-]+)\.service$")
 
 
 # ------------------------------------------------------------------------------------------- per service
-
-def unit_path(s: Service) -> str:
-    return f"{UNIT_DIR}/{s.unit}"
-
 
 def service_user(s: Service) -> str:
     """The user a service's unit runs as: the package's for etcd/NATS, root for containers (docker), else m3."""
@@ -176,8 +142,13 @@ def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     return HostFile(nats_conf_path(s), text)
 
 
+def watchdog_unit_name(s: Service) -> str:
+    """m3-frontend-watchdog.service for m3-frontend; <name>-watchdog.service for the edge's extra frontends."""
+    return WATCHDOG_UNIT if s.name == "m3-frontend" else f"{s.name}-watchdog.service"
+
+
 def watchdog_unit(cp: ClusterPlan, s: Service) -> HostFile:
-    return HostFile(f"{UNIT_DIR}/{WATCHDOG_UNIT}",
+    return HostFile(f"{UNIT_DIR}/{watchdog_unit_name(s)}",
                     render("m3-watchdog.service.j2", cluster=cp.name, unit=s.unit, url=s.readiness.url,
                            script=WATCHDOG, grace_s=WATCHDOG_GRACE_S))
 
@@ -245,6 +216,9 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
     """Every file of the host's services, in deploy order (etcd, NATS, frontend, workers)."""
     out: list[HostFile] = []
     for s in hp.services:
+        if s.kind == "edge":  # HAProxy in front of the frontends (m3deploy.deploy.edgefiles)
+            out += edgefiles.edge_files(cp, s, secrets)
+            continue
         if s.kind not in TEMPLATES:
             continue
         why = host_text_problem(s)
@@ -261,7 +235,8 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out.append(unregister_script())  # once, before the first unit that runs it
         out += [*config_files(s), env_file(s, secrets), unit_file(cp, s)]
         if has_watchdog(s):
-            out += [watchdog_script(), watchdog_unit(cp, s)]
+            out += [watchdog_script(), watchdog_unit(cp, s)] if s is next(
+                w for w in hp.services if has_watchdog(w)) else [watchdog_unit(cp, s)]
     return out
 
 
@@ -281,7 +256,7 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     svcs = list(reversed(hp.services))
     made = service_files(cp, hp, None)
     files, links = [f.path for f in made if not f.link], [f.path for f in made if f.link]
-    units = [WATCHDOG_UNIT] * any(has_watchdog(s) for s in svcs) + [s.unit for s in svcs]
+    units = [watchdog_unit_name(s) for s in svcs if has_watchdog(s)] + [s.unit for s in svcs]
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
     dirs += [ROLLBACK_DIR] * any(s.kind == "worker" for s in svcs)  # secrets (env files) kept for a roll back
     caches, venvs, empty = [], [], []

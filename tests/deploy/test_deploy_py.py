@@ -44,7 +44,7 @@ HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
 ROLE_ORDER = ["Preflight", "Configure apt's retries", "GPU drivers", "Container runtime", "Write the deploy manifest",
-              "Ship Dynamo artifacts", "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the workers",
+              "Ship Dynamo artifacts", "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the edge", "Deploy the workers",
               "Roll the workers", "Check the cluster is serving", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 

@@ -48,6 +48,7 @@ class _Runner:
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = Stats()
         self.stop = threading.Event()
+        self.ca_file = ""
 
     async def _one(self, client, i: int) -> None:
         msgs = [{"role": "user", "content": f"drill request {i}: count to ten, please."}]
@@ -87,9 +88,19 @@ class _Runner:
 
         import openai
 
+        import os
+
+        # HTTPS with a CA (the edge's: --ca-file); the API key from the environment (M3_LOAD_API_KEY), never argv
+        http = {}
+        if self.ca_file:
+            import ssl
+
+            import httpx
+
+            http["http_client"] = httpx.AsyncClient(verify=ssl.create_default_context(cafile=self.ca_file))
         # max_retries=0: the client must not hide a failure by retrying it
-        async with openai.AsyncOpenAI(base_url=self.base_url, api_key="none", max_retries=0,
-                                      timeout=self.timeout_s) as client:
+        async with openai.AsyncOpenAI(base_url=self.base_url, api_key=os.environ.get("M3_LOAD_API_KEY") or "none",
+                                      max_retries=0, timeout=self.timeout_s, **http) as client:
             print("ready", flush=True)  # imports done (seconds on a loaded machine): Load.__enter__ waits for it
             deadline = time.monotonic() + self.duration_s
             counter = itertools.count()
@@ -110,8 +121,10 @@ def main(argv=None) -> None:
     ap.add_argument("--duration-s", type=float, default=240)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--timeout-s", type=float, default=30)
+    ap.add_argument("--ca-file", default="")
     a = ap.parse_args(argv)
     r = _Runner(a.base_url, a.model, a.concurrency, a.max_requests, a.duration_s, a.max_tokens, a.timeout_s)
+    r.ca_file = a.ca_file
     threading.Thread(target=lambda: (sys.stdin.read(), r.stop.set()), daemon=True).start()
     r.stats.started = time.monotonic()
     asyncio.run(r._main())
@@ -124,7 +137,9 @@ def main(argv=None) -> None:
 class Load:
     """`with Load(url, model) as load: ...drill...; stats = load.stop()`: the load client in a subprocess."""
 
-    def __init__(self, base_url: str, model: str, concurrency: int = 4, duration_s: float = 240, **kw):
+    def __init__(self, base_url: str, model: str, concurrency: int = 4, duration_s: float = 240,
+                 api_key: str | None = None, **kw):
+        self.env = {"M3_LOAD_API_KEY": api_key} if api_key else {}
         self.args = [base_url, model, "--concurrency", str(concurrency), "--duration-s", str(duration_s)]
         self.args += [x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))]
         self.proc = None
@@ -134,8 +149,10 @@ class Load:
         import subprocess
         import sys
 
+        import os
+
         self.proc = subprocess.Popen([sys.executable, __file__, *self.args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **self.env})
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"the load client did not start: {line!r}")

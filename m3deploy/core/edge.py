@@ -1,0 +1,122 @@
+"""The edge: HAProxy (Debian's `haproxy`) on each control host in front of the Dynamo frontends (m3_edge).
+
+Pure plan data, no I/O. With m3_edge the plan gives each control host
+- `m3_edge_frontends` frontend processes (`m3-frontend`, `m3-frontend-1`, ...: consecutive ports from
+  m3_frontend_port, each its own HOME and env file), so that a planned restart of one is drained at the edge while
+  another serves (a single frontend restart failed 54-64 requests under load: issue 25);
+- one `m3-edge` service: `haproxy -Ws` (master-worker: a reload is hitless) with /etc/m3/haproxy.cfg, listening
+  with TLS on the host's cluster address and m3_edge_port, every frontend of the cluster as a backend (health
+  check on each frontend's /health listing a `generate` instance; retries and redispatch on a failed connection);
+  its runtime API on a root-only unix socket (EDGE_SOCKET) for the drains (roles/edge.py).
+The plan's endpoint becomes `https://<first control host>:<m3_edge_port>/v1`.
+
+API keys (m3_api_key_file, one per line, every line valid) are checked by the edge: the file on the host
+(EDGE_KEYS, 0600) holds only the SHA-256 of each `Bearer KEY` header, never a key; a request without a matching
+header gets 401 from the edge and reaches no frontend. TLS material (EDGE_PEM, 0600) comes from
+m3deploy.controller.tls.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from m3deploy.core.inputs import url_host
+from m3deploy.core.model import Port, Readiness, Service
+
+EDGE_UNIT = "m3-edge"
+EDGE_CONF = "/etc/m3/haproxy.cfg"
+EDGE_KEYS = "/etc/m3/edge-api-keys.sha256"  # one hex SHA-256 of "Bearer KEY" per line: no key on the host
+EDGE_PEM = "/etc/m3/edge.pem"  # certificate chain + private key, as HAProxy's `crt` wants them
+EDGE_RUN = "/run/m3-edge"
+EDGE_SOCKET = f"{EDGE_RUN}/admin.sock"  # the runtime API, root only (mode 600)
+BACKEND = "frontends"
+TLS_SECRET = "edge-pem"  # the secrets_for() entry holding EDGE_PEM's text (never in the plan)
+KEYS_SECRET = "edge-api-key-hashes"  # the secrets_for() entry holding EDGE_KEYS's text
+
+
+def enabled(s: Mapping[str, Any]) -> bool:
+    return bool(s.get("m3_edge")) and s.get("m3_serving") == "dynamo"
+
+
+def _set_arg(argv: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
+    i = argv.index(flag)
+    return argv[:i + 1] + (value,) + argv[i + 2:]
+
+
+def frontends(fe: Service, n: int) -> list[Service]:
+    """`fe` (the plan's m3-frontend) and n-1 more of it on the same host: m3-frontend-<i>, port + i, own HOME."""
+    out = [fe]
+    port = next(p for p in fe.ports if p.name == "http")
+    for i in range(1, n):
+        name = f"{fe.name}-{i}"
+        env = tuple((k, v.replace(fe.workdir, f"{fe.workdir}-{i}") if k == "HOME" else v) for k, v in fe.env)
+        argv = _set_arg(fe.argv, "--http-port", str(port.port + i)) if "--http-port" in fe.argv else fe.argv
+        url = fe.readiness.url.replace(f":{port.port}/", f":{port.port + i}/") if fe.readiness else ""
+        out.append(replace(fe, name=name, argv=argv, env=env, ports=(replace(port, port=port.port + i),),
+                           readiness=replace(fe.readiness, url=url) if fe.readiness else None,
+                           env_file=fe.env_file.replace(fe.name, name), workdir=f"{fe.workdir}-{i}"))
+    return out
+
+
+def server_name(s: Service) -> str:
+    """The frontend's name in the edge's backend (HAProxy allows letters, digits, '-', '_', '.', ':')."""
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{s.host}/{s.name}").replace("/", ":")
+
+
+def edge_service(host: str, address: str, port: int, fronts: list[Service]) -> Service:
+    return Service(
+        name=EDGE_UNIT, kind="edge", host=host,
+        argv=("/usr/sbin/haproxy", "-Ws", "-f", EDGE_CONF, "-p", f"{EDGE_RUN}/haproxy.pid"),
+        ports=(Port("https", port, address),),
+        readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60),
+        after=tuple(f"{f.host}/{f.name}" for f in fronts if f.host == host))
+
+
+def endpoint(address: str, port: int) -> str:
+    return f"https://{url_host(address)}:{port}/v1"
+
+
+def apply(services: dict[str, list[Service]], control: list[str], addr: Mapping[str, str],
+          s: Mapping[str, Any]) -> str:
+    """Add the extra frontends and the edge to each control host's services (in place); return the endpoint."""
+    n, port = int(s["m3_edge_frontends"]), int(s["m3_edge_port"])
+    for c in control:
+        fe = next(x for x in services[c] if x.kind == "frontend")
+        at = services[c].index(fe)
+        services[c][at:at + 1] = frontends(fe, n)
+    fronts = [x for c in control for x in services[c] if x.kind == "frontend"]
+    for c in control:
+        services[c].append(edge_service(c, addr[c], port, fronts))
+    return endpoint(addr[control[0]], port)
+
+
+def problems(s: Mapping[str, Any], n_control: int) -> list[str]:
+    """The edge's own rules (validate.edge_settings)."""
+    out = []
+    if not s.get("m3_edge"):
+        return out
+    if s.get("m3_serving") != "dynamo" or not n_control:
+        out.append("key m3_edge: the edge fronts Dynamo frontends on the control hosts. Fix: m3_serving = 'dynamo' "
+                   "with a control group, or remove m3_edge")
+    first, n, port = int(s["m3_frontend_port"]), int(s["m3_edge_frontends"]), int(s["m3_edge_port"])
+    if first <= port < first + n:
+        out.append(f"key m3_edge_port: {port} is one of the frontends' ports ({first}..{first + n - 1}: "
+                   f"m3_frontend_port + m3_edge_frontends). Fix: choose another port, e.g. 8443")
+    if first + n - 1 > 65535:
+        out.append(f"key m3_edge_frontends: ports {first}..{first + n - 1} pass 65535. Fix: lower m3_frontend_port")
+    if bool(s.get("m3_tls_cert_file")) != bool(s.get("m3_tls_key_file")):
+        out.append("keys m3_tls_cert_file / m3_tls_key_file: set both (the edge's certificate chain and its key) or "
+                   "neither (a certificate from the cluster CA). Fix: add the missing one")
+    if s.get("m3_tls_ca_file") and not s.get("m3_tls_cert_file"):
+        out.append("key m3_tls_ca_file: only with m3_tls_cert_file (with the cluster CA, clients trust that CA). "
+                   "Fix: remove it, or set m3_tls_cert_file and m3_tls_key_file")
+    return out
+
+
+def key_hashes(keys: list[str]) -> str:
+    """EDGE_KEYS's text: the hex SHA-256 (upper case, as HAProxy's `hex` converter writes it) of each key's
+    `Bearer KEY` header, one per line."""
+    return "".join(hashlib.sha256(f"Bearer {k}".encode()).hexdigest().upper() + "\n" for k in keys)

@@ -1,0 +1,64 @@
+"""The edge's host files (m3deploy.core.edge), as pure text: part of m3deploy.deploy.hostfiles.host_files.
+
+- /etc/m3/haproxy.cfg (0644: no secret; it names the two files below),
+- /etc/m3/edge.pem (0600 root: certificate chain + key; m3deploy.controller.tls),
+- /etc/m3/edge-api-keys.sha256 (0600 root, with m3_api_key_file: the SHA-256 of each `Bearer KEY`, no key),
+- /etc/systemd/system/m3-edge.service (haproxy -Ws; reload = hitless),
+- the package's haproxy.service masked (a link to /dev/null, first: its postinst would start Debian's config).
+HAProxy's master reads them as root at start and at every reload, before its workers drop to user haproxy.
+"""
+from __future__ import annotations
+
+import re
+
+from m3deploy.core import edge
+from m3deploy.core.errors import M3Error
+from m3deploy.core.model import ClusterPlan, Service
+from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
+from m3deploy.deploy.render import render
+
+PACKAGE_MASK = HostFile(f"{UNIT_DIR}/haproxy.service", link="/dev/null")
+CONNECT_MS = 1000  # a refused connection is retried after this (HAProxy waits min(timeout connect, 1 s))
+RETRIES = 3  # with redispatch: another frontend on each retry
+CHECK_MS = 1000  # health check interval; a frontend is out after 2 failed checks, back after 1
+
+
+def _secret(secrets, name: str) -> str:
+    return f"<secret: {name}>\n" if secrets is None else secrets[name]
+
+
+def servers(cp: ClusterPlan) -> list[dict]:
+    return [{"name": edge.server_name(s), "address": p.address, "port": p.port}
+            for h in cp.hosts for s in h.services if s.kind == "frontend" for p in s.ports if p.name == "http"]
+
+
+def keys_required(cp: ClusterPlan) -> bool:
+    return bool(dict(cp.settings).get("m3_api_key_file"))
+
+
+def config(cp: ClusterPlan, s: Service) -> HostFile:
+    port = next(p for p in s.ports if p.name == "https")
+    if not re.fullmatch(r"[A-Za-z0-9._/:@+-]+", cp.served_model_name):
+        raise M3Error(f"the edge's health check matches the served model name in /v1/models: "
+                      f"{cp.served_model_name!r} holds characters it does not match literally. Fix: "
+                      "m3_served_model_name of letters, digits and . _ / : @ + -")
+    text = render("haproxy.cfg.j2", cluster=cp.name, socket=edge.EDGE_SOCKET, pem=edge.EDGE_PEM,
+                  keys=edge.EDGE_KEYS, keys_required=keys_required(cp), bind=port.address, port=port.port,
+                  backend=edge.BACKEND, servers=servers(cp), connect_ms=CONNECT_MS, retries=RETRIES,
+                  check_ms=CHECK_MS, model=cp.served_model_name)
+    return HostFile(edge.EDGE_CONF, text)
+
+
+def unit(cp: ClusterPlan, s: Service) -> HostFile:
+    check = ("/usr/sbin/haproxy", "-f", edge.EDGE_CONF, "-c", "-q")
+    text = render("m3-edge.service.j2", cluster=cp.name, service=s, check=check,
+                  rundir=edge.EDGE_RUN.removeprefix("/run/"))
+    return HostFile(unit_path(s), text)
+
+
+def edge_files(cp: ClusterPlan, s: Service, secrets) -> list[HostFile]:
+    """In deploy order: the mask, the secrets (the config names them), the config, the unit."""
+    out = [PACKAGE_MASK, HostFile(edge.EDGE_PEM, _secret(secrets, edge.TLS_SECRET), mode="0600", secret=True)]
+    if keys_required(cp):
+        out.append(HostFile(edge.EDGE_KEYS, _secret(secrets, edge.KEYS_SECRET), mode="0600", secret=True))
+    return out + [config(cp, s), unit(cp, s)]

@@ -1,0 +1,151 @@
+"""The edge (m3_edge): Debian's haproxy, run by our m3-edge.service, in front of every frontend of the cluster.
+
+Reads (through m3deploy.deploy.context): cluster_plan() (frontends, settings m3_api_key_file); host_plan().services
+of kind "edge" (ports, readiness). Files from m3deploy.deploy.edgefiles (haproxy.cfg, edge.pem, the keys' hashes,
+the unit); secrets (TLS key, key hashes) from roles/_units.secrets_for.
+
+- The package's haproxy.service is masked before the install (its postinst would start it with Debian's config).
+- A changed unit restarts the edge; a changed config, certificate or key list only reloads it (`systemctl reload`:
+  HAProxy's master starts new workers on the same sockets while the old ones finish: no request is dropped, so a
+  key or certificate rotates by a re-run).
+- `restart_frontend()` is the planned restart of a frontend behind the edge (roles/frontend.py): drain its server
+  on every edge (runtime API, root-only socket), wait until no request is on it, stop it (maint), restart it, wait
+  until it is live, lists every planned worker under its running process and has each served model ready, put it back (ready) and wait until
+  every edge has it UP. Only then the next frontend (a host's frontends restart one after another).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import apt, python, systemd
+from pyinfra.operations.util import any_changed
+
+from m3deploy.check import contract, rollout
+from m3deploy.check import readiness as _readiness
+from m3deploy.check.checks import instance_services, metrics_url
+from m3deploy.core import edge
+from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import url_host
+from m3deploy.deploy import edgefiles, hostfiles
+from roles import _units as u
+from roles._rollout import _run
+
+PACKAGE_UNIT = "haproxy.service"
+# the runtime API, from a shell on the host: python3 is on every host (the deploy's own checks use it)
+_CLI = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+        "s.sendall(sys.argv[2].encode()+b'\\n'); sys.stdout.write(s.makefile().read())")
+
+
+@deploy("Deploy the edge")
+def deploy_edge():
+    cp, hp = u.plans()
+    for s in u.services(hp, "edge"):
+        mask, *files = edgefiles.edge_files(cp, s, u.secrets_for(cp))
+        systemd.service(name=f"Stop the package's {PACKAGE_UNIT}", service=PACKAGE_UNIT, running=False, enabled=False)
+        mask_op = u.ship(mask, name=f"Mask the package's {PACKAGE_UNIT}")
+        systemd.daemon_reload(name=f"Reload systemd ({PACKAGE_UNIT} masked)", _if=mask_op.did_change)
+        apt.packages(name="Install haproxy", packages=["haproxy"], no_recommends=True, update=True, cache_time=3600)
+        ops = [u.ship(f) for f in files]
+        unit_op = ops[-1]
+        systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
+        restart = any_changed(unit_op, u.changes(s)[0])
+        reload_ = any_changed(*ops[:-1])
+        started = [systemd.service(name=f"Restart {s.unit} (its unit changed)", service=s.unit, running=True,
+                                   restarted=True, enabled=True, _if=restart)]
+        systemd.service(name=f"Reload {s.unit} (config, certificate or keys changed: hitless)", service=s.unit,
+                        running=True, reloaded=True, _if=lambda r=reload_, x=restart: r() and not x())
+        started.append(u.ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda x=restart: not x()))
+        u.track(*started)
+        u.wait_ready(s, lambda ops=tuple(started): any(u._did_change(op) for op in ops))
+
+
+def runtime(host_name: str, command: str) -> tuple[bool, str]:
+    """One command to the edge's runtime API on `host_name` (False, why: when it has no edge running yet)."""
+    sock = shlex.quote(edge.EDGE_SOCKET)
+    return _run(host_name, f"[ -S {sock} ] || {{ echo 'no edge socket {edge.EDGE_SOCKET}'; exit 3; }}; "
+                           f"python3 -c {shlex.quote(_CLI)} {sock} {shlex.quote(command)}")
+
+
+def server_stat(out: str, server: str) -> dict[str, str]:
+    """The row of `show stat` (CSV, header `# pxname,svname,...`) for backend `frontends` server `server`."""
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    head = lines[0][2:].split(",")
+    for ln in lines[1:]:
+        row = dict(zip(head, ln.split(",")))
+        if row.get("pxname") == edge.BACKEND and row.get("svname") == server:
+            return row
+    return {}
+
+
+def edges(cp) -> list[str]:
+    return [h.name for h in cp.hosts if any(s.kind == "edge" for s in h.services)]
+
+
+def _set_state(cp, name: str, state_: str) -> list[str]:
+    """`set server frontends/NAME state STATE` on every running edge; returns the edges that took it."""
+    took = []
+    for e in edges(cp):
+        ok, out = runtime(e, f"set server {edge.BACKEND}/{name} state {state_}")
+        if ok and not out.strip():
+            took.append(e)
+        elif ok:
+            raise M3Error(f"edge on {e}: `set server {edge.BACKEND}/{name} state {state_}`: {out.strip()[:200]}")
+    return took
+
+
+def _wait_stat(cp, on: list[str], name: str, want, what: str, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while True:
+        rows = {e: server_stat(runtime(e, "show stat")[1], name) for e in on}
+        if all(want(r) for r in rows.values()):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            seen = "; ".join(f"{e}: status {r.get('status', '?')}, {r.get('scur', '?')} on it" for e, r in rows.items())
+            raise M3Error(f"{name}: {what} after {timeout_s:.0f} s ({seen}). Fix: on the edge host, "
+                          f"`journalctl -u {edge.EDGE_UNIT}`; the frontend's journal")
+        time.sleep(0.25)
+
+
+def _drained_restart(cp, s) -> None:
+    name = edge.server_name(s)
+    on = _set_state(cp, name, "drain")  # no new request; those on it finish
+    if on:
+        took = _wait_stat(cp, on, name, lambda r: r.get("scur") == "0", "requests still on it",
+                          hostfiles.stop_timeout_s(s))
+        host.log(f"{name}: drained at {len(on)} edge(s) in {took:.1f} s")
+        _set_state(cp, name, "maint")
+    unit = shlex.quote(s.unit)
+    ok, out = _run(host.name, f"systemctl enable {unit} 2>&1 && systemctl restart {unit} 2>&1")
+    if not ok:
+        raise M3Error(f"systemctl restart {s.unit} on {host.name}: {out[-300:]}")
+    _readiness.wait_ready(s.readiness, what=f"{s.unit} on {s.host}", logs=u.journal_tail(s.unit))
+    if on:  # a running cluster (on a first deploy no edge runs yet, and the workers start later)
+        port = next(p for p in s.ports if p.name == "http")
+        health = f"http://{url_host(port.address)}:{port.port}/health"
+        heads = {f"{h.name}/{w.name}": metrics_url(h, w) for h, w in instance_services(cp)}
+        took = rollout.wait_workers(health, {k: v for k, v in heads.items() if v},
+                                    timeout_s=s.readiness.timeout_s if s.readiness else 120)
+        host.log(f"{s.unit}: lists every planned worker ({took:.1f} s)")
+        base = f"http://{url_host(port.address)}:{port.port}"
+        for model in contract.served_models(cp):  # listed is not routable (a 404 "Model not found" until then)
+            took = _readiness.wait_model_ready(base, model, timeout_s=s.readiness.timeout_s if s.readiness else 120)
+            host.log(f"{s.unit}: {model} ready ({took:.1f} s)")
+        _set_state(cp, name, "ready")
+        took = _wait_stat(cp, on, name, lambda r: r.get("status", "").startswith("UP"), "not UP at the edge", 60)
+        host.log(f"{name}: back in the edge(s), UP ({took:.1f} s)")
+
+
+def restart_frontend(cp, s, unit_op, changed_ops):
+    """roles/_units.start_or_restart for a frontend behind the edge: the restart drained (see module doc)."""
+    systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
+    changed = any_changed(*changed_ops)
+    ops = [python.call(name=f"Restart {s.unit} drained at the edge (its files changed)", function=_drained_restart,
+                       cp=cp, s=s, _if=changed),
+           u.ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed())]
+    u.track(*ops)
+    return lambda: any(u._did_change(op) for op in ops)
