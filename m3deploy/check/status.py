@@ -18,7 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from m3deploy.check.checks import frontend, frontend_url, instance_services, metrics_url, parse_prometheus
+from m3deploy.check.checks import (
+    frontend,
+    frontend_url,
+    instance_services,
+    metrics_url,
+    parse_prometheus,
+)
 from m3deploy.core import monitor as M
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan

@@ -317,6 +317,10 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
         raise M3Error(f"--host {only_host}: no such host in cluster {plan.name} "
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host)
+    if not only_host:  # m3_monitor: Prometheus scrapes every target, loads the rules, counts pinned requests
+        from m3deploy.check.metrics import metrics_checks
+
+        checks += metrics_checks(plan)
     if smoke:
         from m3deploy.check import contract
         from m3deploy.check import smoke as smokemod
