@@ -12,7 +12,9 @@ order:
 5. `m3deploy status` while worker 0 is SIGKILLed: the worker shows down (or not routable), the command exits 1
    and names it; once systemd has restarted it, status shows it routable again and exits 0;
 6. one panel's query (the frontend's time to first token, p50/p99) rendered to a PNG from the testbed's
-   Prometheus: benchmarks/results/observe-testbed-ttft.png.
+   Prometheus: benchmarks/results/observe-testbed-ttft.png;
+7. the bench report's server-side view (m3deploy.check.serverview) of a load window: queueing, the request plane's
+   queue time, each worker's KV usage and time to first response: benchmarks/results/observe-testbed-server.png.
 
 Keep the testbed after the run: M3_E2E_KEEP=1.
 """
@@ -39,6 +41,7 @@ SUBNET = "10.104.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
 PNG = os.path.join(REPO, "benchmarks", "results", "observe-testbed-ttft.png")
+SERVER_PNG = os.path.join(REPO, "benchmarks", "results", "observe-testbed-server.png")
 ssh = ssh_to(NAME)
 
 
@@ -290,4 +293,27 @@ def test_render_one_panel_to_png(testbed):
     os.makedirs(os.path.dirname(PNG), exist_ok=True)
     fig.savefig(PNG, dpi=100, bbox_inches="tight")
     with open(PNG, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_server_side_view_of_a_load_window(testbed):
+    """What `m3deploy bench` adds to its report (no aiperf needed here: the load is this module's own)."""
+    from pathlib import Path
+
+    from m3deploy.check import serverview
+    from m3deploy.core import monitor
+
+    plan, _ = testbed
+    start = time.time()
+    assert _load(plan, 60, threads=8) == 60
+    time.sleep(2 * int(monitor.setting(plan, "m3_monitor_scrape_interval_s")) + 1)
+    view = serverview.collect(plan, start, time.time())
+    assert not view.get("errors"), view.get("errors")
+    assert set(view["summary"]["worker KV cache usage"]) == {str(w.index) for w in plan.workers}
+    assert set(view["summary"]["worker time to first response p99"]) == {str(w.index) for w in plan.workers}
+    md = "\n".join(serverview.markdown(view))
+    assert "worker time to first response p99 (s)" in md
+    print(md)
+    path = serverview.plot(view, Path(SERVER_PNG), f"testbed {NAME}: 60 requests, 8 at a time")
+    with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

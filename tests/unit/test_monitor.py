@@ -160,3 +160,17 @@ def test_nats_exporter_publishes_varz_numbers_under_prometheus_nats_exporters_na
     assert 'gnatsd_varz_slow_consumers{server_id="N1"} 2' in lines
     assert "# TYPE gnatsd_varz_slow_consumers counter" in lines
     assert not [x for x in lines if "auth_required" in x or "jetstream" in x]
+
+
+def test_the_bench_reports_server_view_summarizes_prometheus_ranges():
+    from m3deploy.check import serverview
+
+    result = [{"metric": {"worker": "0"}, "values": [[10, "0.5"], [15, "NaN"], [20, "0.25"]]},
+              {"metric": {"worker": "1"}, "values": [[10, "NaN"]]}]
+    series, summary = serverview.summarize(result, "worker")
+    assert series == {"0": [[10.0, 0.5], [20.0, 0.25]]}  # a series of NaN only is no series
+    assert summary == {"0": {"max": 0.5, "mean": 0.375}}
+    view = {"window": {"prometheus": "http://p", "step_s": 5}, "summary": {"worker KV cache usage": summary},
+            "units": {"worker KV cache usage": "ratio"}}
+    assert "| worker KV cache usage (ratio) | 0 | 0.5 | 0.375 |" in serverview.markdown(view)
+    assert serverview.collect(plan(), 0, 10) == {}  # no Prometheus in the plan: nothing to add
