@@ -227,15 +227,16 @@ def _direct(plan: ClusterPlan, notes: list[str]) -> Snapshot:
 
 
 def _down_hosts(plan: ClusterPlan, up: dict[tuple[str, str], bool]) -> list[str]:
-    """Hosts where every probed endpoint failed (a host with nothing probed is probed on its node exporter or its
-    first readiness URL)."""
+    """Hosts where no endpoint answers: none of the probed ones (`up`: (host, service) -> answered) and none of
+    the host's other services' readiness URLs (its node exporter, ...), probed now."""
     down = []
     for h in plan.hosts:
-        seen = [v for (host, _), v in up.items() if host == h.name]
-        if not seen:
-            probe = next((s.readiness.url for s in h.services if s.readiness and s.readiness.kind == "http"), "")
-            seen = [bool(probe) and _try(probe) is not None] if probe else []
-        if seen and not any(seen):
+        seen = {svc: v for (host, svc), v in up.items() if host == h.name}
+        if any(seen.values()):
+            continue
+        others = [s.readiness.url for s in h.services
+                  if s.name not in seen and s.readiness and s.readiness.kind == "http" and s.readiness.url]
+        if (seen or others) and not any(_try(url) is not None for url in others):
             down.append(h.name)
     return down
 

@@ -174,3 +174,18 @@ def test_the_bench_reports_server_view_summarizes_prometheus_ranges():
             "units": {"worker KV cache usage": "ratio"}}
     assert "| worker KV cache usage (ratio) | 0 | 0.5 | 0.375 |" in serverview.markdown(view)
     assert serverview.collect(plan(), 0, 10) == {}  # no Prometheus in the plan: nothing to add
+
+
+def test_status_reads_a_161_mockers_own_metrics():
+    """`m3deploy status --source direct` on the /metrics text a Dynamo 1.6.1 mocker served after 5 requests."""
+    from m3deploy.check import status
+
+    p = plan("gb200", m3_monitor=True, m3_engine="mocker", m3_platform="sim", m3_parallel="tp1", m3_variant="bf16")
+    h = p.host(p.workers[0].hosts[0])
+    s = h.service(p.workers[0].services[0].split("/")[1])
+    row = status._direct_worker(p, h, s, (FIX / "dynamo-1.6.1-mocker.metrics").read_text())
+    assert row.up and row.inflight == 0 and row.rps == 5  # the generate counter (a rate once two reads exist)
+    assert 0 < row.ttft_p50_s <= row.ttft_p99_s < 1
+    assert row.kv_usage == 0 and row.uptime_s > 0
+    assert row._ids == {"3f5d536a0e794728"}
+    assert status._direct_worker(p, h, s, None).up is False
