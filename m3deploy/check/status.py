@@ -254,7 +254,7 @@ def _from_prometheus(plan: ClusterPlan, prom: Prometheus, notes: list[str]) -> S
     rps = q("m3:worker_requests:rate1m")
     p50, p99 = q("m3:worker_ttft_seconds:p50"), q("m3:worker_ttft_seconds:p99")
     kv = q("m3:worker_kv_usage:ratio") if M.kv_usage_metric(plan) else {}
-    restarts = q(f'resets({M.WK_UPTIME}{{job="{wk}"}}[1h])')
+    restarts = q(M.restarts_expr(wk))
     uptime = q(f'max by (host, service) ({M.WK_UPTIME}{{job="{wk}"}})')
     registered = _ids_registered(plan)
     ids: dict[tuple, set[str]] = {}

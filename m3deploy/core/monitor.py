@@ -167,6 +167,14 @@ def _gpu_vendor(h) -> str:
     return vendor if vendor in ("nvidia", "amd") else ""
 
 
+def restarts_expr(job: str, window: str = "1h") -> str:
+    """Restarts of each worker over `window`: every process has its own instance id (label worker_id), so each
+    start is a new uptime series; those seen in the window minus one, plus any reset within one series."""
+    up = f'{WK_UPTIME}{{job="{job}"}}'
+    return (f"(count by (host, service) (count_over_time({up}[{window}])) - 1) + "
+            f"sum by (host, service) (resets({up}[{window}]))")
+
+
 def prometheus_service(plan: ClusterPlan) -> tuple[HostPlan, Service] | None:
     for h in plan.hosts:
         for s in h.services:
