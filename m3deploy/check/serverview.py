@@ -41,7 +41,7 @@ def summarize(result: list[dict], label: str) -> tuple[dict[str, list], dict[str
     """Prometheus range results -> ({series label: [[t, v]...]}, {series label: {max, mean}}), NaN dropped."""
     series, summary = {}, {}
     for r in result:
-        key = r["metric"].get(label, "all") if label else "all"
+        key = (r["metric"].get(label) or r["metric"].get("service") or "all") if label else "all"
         pts = [[float(t), float(v)] for t, v in r["values"] if not math.isnan(float(v))]
         if not pts:
             continue

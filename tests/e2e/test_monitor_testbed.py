@@ -311,8 +311,9 @@ def test_the_server_side_view_of_a_load_window(testbed):
     time.sleep(2 * int(monitor.setting(plan, "m3_monitor_scrape_interval_s")) + 1)
     view = serverview.collect(plan, start, time.time())
     assert not view.get("errors"), view.get("errors")
-    assert set(view["summary"]["worker KV cache usage"]) == {str(w.index) for w in plan.workers}
-    assert set(view["summary"]["worker time to first response p99"]) == {str(w.index) for w in plan.workers}
+    workers = {str(w.index) for w in plan.workers}  # (and the testbed's scripted engine, by its service name)
+    assert set(view["summary"]["worker KV cache usage"]) >= workers, view["summary"]
+    assert set(view["summary"]["worker time to first response p99"]) >= workers, view["summary"]
     md = "\n".join(serverview.markdown(view))
     assert "worker time to first response p99 (s)" in md
     print(md)
