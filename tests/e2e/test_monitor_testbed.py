@@ -14,7 +14,8 @@ order:
 6. one panel's query (the frontend's time to first token, p50/p99) rendered to a PNG from the testbed's
    Prometheus: benchmarks/results/observe-testbed-ttft.png;
 7. the bench report's server-side view (m3deploy.check.serverview) of a load window: queueing, the request plane's
-   queue time, each worker's KV usage and time to first response: benchmarks/results/observe-testbed-server.png.
+   queue time, each worker's KV usage and time to first response: benchmarks/results/observe-testbed-server.png;
+8. teardown (`m3_state=absent`) leaves no monitoring unit, mask, file, package or listener.
 
 Keep the testbed after the run: M3_E2E_KEEP=1.
 """
@@ -320,3 +321,26 @@ def test_the_server_side_view_of_a_load_window(testbed):
     path = serverview.plot(view, Path(SERVER_PNG), f"testbed {NAME}: 60 requests, 8 at a time")
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_teardown_removes_the_monitoring(testbed):
+    """Last: `m3_state=absent` stops the units, removes the masks, files and data, purges the two packages; nothing
+    listens on the monitoring ports any more."""
+    from m3deploy.core import monitor
+
+    plan, _ = testbed
+    pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
+    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", "--data", "m3_state=absent"], timeout=900)
+    assert res.returncode == 0, f"the teardown failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+    ports = {str(p.port) for h in plan.hosts for s in h.services if s.kind in monitor.KINDS for p in s.ports}
+    for h in plan.hosts:
+        units = ssh(h.name, "systemctl list-units --all --no-legend --plain 'm3-*' 'prometheus*'").stdout
+        assert not [ln for ln in units.splitlines() if ln.split()[1:3] != ["not-found", "inactive"]], units
+        left = ssh(h.name, "ls -d /etc/systemd/system/prometheus*.service /etc/systemd/system/m3-*.service "
+                           "/var/lib/m3/prometheus /usr/local/lib/m3 2>/dev/null || true").stdout.split()
+        assert not left, f"{h.name}: left after teardown: {left}"
+        pkgs = ssh(h.name, "dpkg-query -W -f='${Package} ${Status}\\n' prometheus prometheus-node-exporter "
+                           "2>/dev/null || true").stdout
+        assert "install ok installed" not in pkgs, f"{h.name}: {pkgs}"
+        listening = ssh(h.name, "ss -Hltn").stdout
+        assert not [ln for ln in listening.splitlines() if ln.split()[3].rsplit(":", 1)[-1] in ports], listening
