@@ -203,8 +203,9 @@ _PREV: dict[tuple[str, str], tuple[float, float]] = {}  # direct mode: (host, se
 def _direct(plan: ClusterPlan, notes: list[str]) -> Snapshot:
     snap = Snapshot(plan.name, "direct /metrics", time.time(), notes=notes)
     pairs = instance_services(plan)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as ex:
-        texts = list(ex.map(lambda hs: _try(metrics_url(*hs)) if metrics_url(*hs) else None, pairs))
+    urls = {(t.host, t.service): f"http://{t.address}{t.path}" for t in M.targets(plan) if t.job in ("worker", "engine")}
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as ex:  # a standalone engine: its HTTP /metrics
+        texts = list(ex.map(lambda hs: _try(metrics_url(*hs) or urls.get((hs[0].name, hs[1].name), "")), pairs))
     registered = _ids_registered(plan)
     now = time.monotonic()
     for (h, s), text in zip(pairs, texts):

@@ -189,3 +189,14 @@ def test_status_reads_a_161_mockers_own_metrics():
     assert row.kv_usage == 0 and row.uptime_s > 0
     assert row._ids == {"3f5d536a0e794728"}
     assert status._direct_worker(p, h, s, None).up is False
+
+
+def test_a_standalone_engine_is_scraped_on_its_http_port():
+    p = plan("h200", m3_monitor=True)
+    engines = [t for t in M.targets(p) if t.job == "engine"]
+    assert [(t.host, t.service) for t in engines] == [tuple(w.services[0].split("/")) for w in p.workers]
+    for t in engines:
+        s = p.host(t.host).service(t.service)
+        assert t.address.endswith(f":{next(x.port for x in s.ports if x.name == 'http')}")
+    assert all(r.get("expr", "").find('job="engine"') >= 0 for r in M.recording_rules(p) if r["record"] ==
+               "m3:worker_kv_usage:ratio")
