@@ -336,8 +336,9 @@ def test_teardown_removes_the_monitoring(testbed):
     for h in plan.hosts:
         units = ssh(h.name, "systemctl list-units --all --no-legend --plain 'm3-*' 'prometheus*'").stdout
         assert not [ln for ln in units.splitlines() if ln.split()[1:3] != ["not-found", "inactive"]], units
+        # (/usr/local/lib/m3 itself stays, empty: teardown removes the files m3 put there, not the directory)
         left = ssh(h.name, "ls -d /etc/systemd/system/prometheus*.service /etc/systemd/system/m3-*.service "
-                           "/var/lib/m3/prometheus /usr/local/lib/m3 2>/dev/null || true").stdout.split()
+                           f"/var/lib/m3/prometheus {monitor.NATS_EXPORTER_SCRIPT} /etc/m3 2>/dev/null || true").stdout.split()
         assert not left, f"{h.name}: left after teardown: {left}"
         pkgs = ssh(h.name, "dpkg-query -W -f='${Package} ${Status}\\n' prometheus prometheus-node-exporter "
                            "2>/dev/null || true").stdout
