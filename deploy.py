@@ -6,7 +6,8 @@ Ordering and gating only: flags, env and images come from the plan; install step
 
 Order: preflight -> apt's retry setting -> drivers -> container runtime -> the host's manifest
 (/etc/m3/manifest.json: what teardown removes) -> artifacts -> images -> weights -> etcd -> NATS (healthy)
--> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request -> the
+-> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request ->
+monitoring (m3_monitor: exporters, Prometheus ready) -> the
 deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
 pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
 advances every host's chain together: a tray's worker unit would start while the control host is still
@@ -17,6 +18,7 @@ Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 (`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
 """
 from m3deploy.core.errors import M3Error, ValidationError
+from m3deploy.core.monitor import KINDS as MONITOR_KINDS
 from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
 from roles._failfast import stop_on_unreachable_or_failed_hosts
 
@@ -40,6 +42,7 @@ from roles.etcd import deploy_etcd  # noqa: E402
 from roles.frontend import deploy_frontend  # noqa: E402
 from roles.images import deploy_images  # noqa: E402
 from roles.manifest import write_manifest  # noqa: E402
+from roles.monitor import deploy_monitor  # noqa: E402
 from roles.nats import deploy_nats  # noqa: E402
 from roles.preflight import preflight  # noqa: E402
 from roles.record import record_deployment  # noqa: E402
@@ -93,4 +96,6 @@ else:
     _all_hosts_reach("workers started")
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()
+    if kinds & set(MONITOR_KINDS):  # m3_monitor: exporters on every host, Prometheus on the monitor host
+        deploy_monitor()
     record_deployment()

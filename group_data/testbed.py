@@ -9,3 +9,6 @@ m3_engine = "mocker"
 m3_serving = "dynamo"
 m3_features = []
 m3_mocker_speedup_ratio = 10
+# Prometheus + exporters on the testbed too (docs/OBSERVE.md): the demo shows `m3deploy status` and the rules
+m3_monitor = True
+m3_monitor_scrape_interval_s = 5

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from m3deploy.check import benchreport
+from m3deploy.check import benchreport, serverview
 from m3deploy.core.build import API_KEY_SECRET
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -363,6 +363,7 @@ def run(plan: ClusterPlan, inventory, profile: str, w: Workload, out: Path, clie
         if client == "aiperf":
             tokenizer = _tokenizer(plan)
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        t_start = time.time()
         runs = []
         steps = levels(profile, w)
         before_all = worker_requests(plan, ctx)
@@ -400,6 +401,7 @@ def run(plan: ClusterPlan, inventory, profile: str, w: Workload, out: Path, clie
               "readiness": gate, "seed_command": SEED_COMMAND}
     report = benchreport.build(runs, config)
     report["workers"] = workers
+    report["server"] = serverview.collect(plan, t_start, time.time())  # m3_monitor: Prometheus's view of the run
     write(report, runs, out)
     return report
 
@@ -435,6 +437,8 @@ def write(report: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> list
                                               f"requests per worker (their /metrics)\n{title}"))
     if len(runs) > 1:
         files.append(benchreport.plot_sweep(runs, fp["gpus"], out / "sweep.png", title))
+    server = serverview.plot(report.get("server") or {}, out / "server.png", f"server side (Prometheus)\n{title}")
+    files += [server] if server else []
     return files
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from m3deploy.check import serverview
+
 PCTS = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
 # the numbers `--compare` and report.md show: (key in a run, label, better when higher)
@@ -248,6 +250,7 @@ def markdown(report: dict[str, Any]) -> str:
     if workers:
         lines += ["", "Requests per worker (each worker's /metrics `dynamo_component_requests_total`, generate):", ""]
         lines += ["| worker | requests |", "|---|---|"] + [f"| {k} | {v} |" for k, v in sorted(workers.items())]
+    lines += serverview.markdown(report.get("server") or {})
     if report.get("errors"):
         lines += ["", "Errors:", ""] + [f"- {n} x {e}" for e, n in report["errors"].items()]
     return "\n".join(lines) + "\n"

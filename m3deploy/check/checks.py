@@ -28,7 +28,7 @@ from m3deploy.core.inputs import control_chars, url_host
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
 WILDCARDS = ("0.0.0.0", "::", "*")
-GROUPS = ("unit", "port", "file", "secrets", "health", "instances", "smoke")
+GROUPS = ("unit", "port", "file", "secrets", "health", "instances", "smoke", "metrics")
 
 
 class CheckFailed(AssertionError):

@@ -319,6 +319,10 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     from m3deploy.check.edgecheck import edge_checks
 
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host) + edge_checks(plan, inv, only_host)
+    if not only_host:  # m3_monitor: Prometheus scrapes every target, loads the rules, counts pinned requests
+        from m3deploy.check.metrics import metrics_checks
+
+        checks += metrics_checks(plan)
     if smoke:
         from m3deploy.check import contract
         from m3deploy.check import smoke as smokemod

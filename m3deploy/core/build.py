@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, edge, layout, recipes, repos, settings, simengine
+from m3deploy.core import catalog, edge, layout, monitor, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -195,6 +195,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
             endpoint = f"http://{url_host(addr[hname])}:{port}/v1"
 
+    monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     repo_args = catalog.engines()[engine].get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
                               and (engine != "mocker" or x.image)  # the docker testbed loads its staged mock repos
@@ -211,7 +212,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         gpus = gpus_per_host.get(h.name, 0) if is_worker and vendor in ("nvidia", "amd") else 0
         data = tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_")))
         host_plans.append(HostPlan(
-            name=h.name, address=addr[h.name], groups=tuple(g for g in ("control", "workers") if g in h.groups),
+            name=h.name, address=addr[h.name],
+            groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP) if g in h.groups),
             platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
             gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
             gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,

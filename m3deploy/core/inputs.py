@@ -421,6 +421,10 @@ def _semantic(key, value) -> str:
             fanout.parse_source(value)
         except ValueError as e:
             return str(e)
+    elif check == "duration" and not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", value):
+        return f"{value!r} is not a Prometheus duration. Fix: a number and a unit, e.g. '15d' or '12h'"
+    elif check == "bytesize" and not re.fullmatch(r"[0-9]+(B|KB|MB|GB|TB|PB|EB)", value):
+        return f"{value!r} is not a Prometheus size. Fix: a number and a unit, e.g. '10GB' or '512MB'"
     elif check in ("users", "packages"):
         rx = USER if check == "users" else PACKAGE
         bad = [v for v in value if not isinstance(v, str) or not rx.fullmatch(v)]

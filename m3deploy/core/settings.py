@@ -121,6 +121,22 @@ _KEYS = (
     Key("m3_nats_max_payload", int, 33554432, "NATS max_payload: long prompts time out below it (Dynamo issue 9734)",
         True, range=(1024, 64 << 20)),
     Key("m3_keep_caches", bool, False, "teardown keeps the venv, wheelhouse, mock model and weights", True),
+    # observability (m3deploy.core.monitor, roles/monitor.py, docs/OBSERVE.md)
+    Key("m3_monitor", bool, False, "Prometheus (on the `monitor` group's first host, else the first control host), "
+        "node-exporter on every host, the NATS and GPU exporters, rules; `m3deploy status` reads it", True),
+    Key("m3_prometheus_port", int, 9190, "Prometheus's HTTP port on the monitor host (9090 is the workers' "
+        "DYN_SYSTEM_PORT)", True, check="port"),
+    Key("m3_node_exporter_port", int, 9100, "prometheus-node-exporter's port on every host", True, check="port"),
+    Key("m3_nats_exporter_port", int, 7777, "the NATS exporter's port on NATS hosts (files/m3-nats-exporter.py)",
+        True, check="port"),
+    Key("m3_monitor_scrape_interval_s", int, 15, "Prometheus scrape and rule evaluation interval, seconds", True,
+        range=(1, 3600)),
+    Key("m3_prometheus_retention_time", str, "15d", "Prometheus keeps samples this long (--storage.tsdb.retention"
+        ".time: <number><y|w|d|h|m|s>)", True, check="duration"),
+    Key("m3_prometheus_retention_size", str, "10GB", "Prometheus's disk bound (--storage.tsdb.retention.size: "
+        "<number><B|KB|MB|GB|TB>)", True, check="bytesize"),
+    Key("m3_alert_ttft_p99_s", (int, float), 10, "SLA: alert M3TimeToFirstTokenHigh fires when the frontend's time "
+        "to first token p99 stays above this many seconds for 5 min", True, range=(0.001, 86400)),
     # day 2 (roles/_rollout.py, docs/OPERATIONS.md)
     Key("m3_rollout", str, "rolling", "changed worker units: 'rolling' (one engine instance at a time, drained) or "
         "'all-at-once'", True, values=("rolling", "all-at-once")),
@@ -221,6 +237,8 @@ CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the 
     "users": "list of user names",
     "packages": "list of apt package names",
     "weights_source": "hub, controller, shared, or mirror:<host> naming an inventory host",
+    "duration": "a Prometheus duration, e.g. 15d, 12h, 1w",
+    "bytesize": "a Prometheus size, e.g. 10GB, 512MB",
 }
 # Keys that were replaced: the input check names the new spelling (m3deploy.core.inputs.did_you_mean).
 RENAMED = {"m3_hf_cache_shared": "m3_weights_source = 'shared'"}

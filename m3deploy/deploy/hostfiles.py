@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import settings
+from m3deploy.core import monitor, settings
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, image_problem, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -52,11 +52,15 @@ WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restar
 NATS_MASK = f"{UNIT_DIR}/nats-server.service"
 WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
 STAMP = ".m3-wheelhouse"  # in a venv artifacts.py built: the digest of the wheelhouse it came from
-PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy"}
+PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy", **monitor.PACKAGES}
 TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
-             "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2"}
-_USERS = {"etcd": "etcd", "nats": "nats"}  # created by the etcd-server / nats-server packages
-_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|haproxy|m3-[A-Za-z0-9@._-]+)\.service$")
+             "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2",
+             **{k: "m3-monitor.service.j2" for k in monitor.KINDS}}
+# created by the etcd-server / nats-server / prometheus(-node-exporter) packages
+_USERS = {"etcd": "etcd", "nats": "nats", "nats-exporter": "nats", "prometheus": "prometheus",
+          "node-exporter": "prometheus"}
+_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|haproxy|prometheus|prometheus-node-exporter|m3-[A-Za-z0-9@._-]+)"
+                      r"\.service$")
 
 
 # ------------------------------------------------------------------------------------------- per service
@@ -119,6 +123,8 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
     if s.kind in ("worker", "scripted"):
         extra["unregister_script"] = UNREGISTER_DEAD if unregisters_dead(s) else ""
+    if s.kind in monitor.KINDS:
+        extra.update(_MONITOR_UNITS[s.kind])
     text = render(TEMPLATES[s.kind], cluster=cp.name, service=s, user=service_user(s),
                   timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
                   **extra)
@@ -181,6 +187,42 @@ def sim_engine() -> HostFile:
     return project_file("files/m3-sim-engine.py", SIM_ENGINE)
 
 
+# m3_monitor (m3deploy.core.monitor): the units' descriptions and the Debian units they replace (masked)
+_MONITOR_UNITS = {"node-exporter": {"description": "Prometheus node exporter",
+                                    "package_unit": "prometheus-node-exporter.service"},
+                  "prometheus": {"description": "Prometheus", "package_unit": "prometheus.service"},
+                  "nats-exporter": {"description": "NATS exporter (files/m3-nats-exporter.py)", "package_unit": ""},
+                  "gpu-exporter": {"description": "GPU metrics exporter", "package_unit": ""}}
+
+
+def monitor_mask(s: Service) -> HostFile | None:
+    """The Debian unit a monitoring service replaces, masked before the package is installed (its postinst would
+    start it on all addresses)."""
+    unit = _MONITOR_UNITS.get(s.kind, {}).get("package_unit")
+    return HostFile(f"{UNIT_DIR}/{unit}", link="/dev/null") if unit else None
+
+
+def nats_exporter_script() -> HostFile:
+    return project_file("files/m3-nats-exporter.py", monitor.NATS_EXPORTER_SCRIPT)
+
+
+def prometheus_files(cp: ClusterPlan) -> list[HostFile]:
+    """prometheus.yml and its rules, from the plan (m3deploy.core.monitor), readable by the prometheus user."""
+    return [HostFile(monitor.PROMETHEUS_CONF, monitor.to_yaml(monitor.prometheus_config(cp))),
+            HostFile(monitor.PROMETHEUS_RULES, monitor.to_yaml(monitor.rules(cp)))]
+
+
+def monitor_files(cp: ClusterPlan, s: Service) -> list[HostFile]:
+    """A monitoring service's files before its unit: the package unit's mask, the exporter script, the config."""
+    mask = monitor_mask(s)
+    out = [mask] if mask else []
+    if s.kind == "nats-exporter":
+        out.append(nats_exporter_script())
+    if s.kind == "prometheus":
+        out += prometheus_files(cp)
+    return out
+
+
 def nats_mask() -> HostFile:
     """The package's nats-server.service masked: it would bind 0.0.0.0:4222."""
     return HostFile(NATS_MASK, link="/dev/null")
@@ -233,7 +275,8 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out.append(sim_engine())  # once, before the first unit that runs it
         if s is next((w for w in hp.services if unregisters_dead(w)), None):
             out.append(unregister_script())  # once, before the first unit that runs it
-        out += [*config_files(s), env_file(s, secrets), unit_file(cp, s)]
+        out += monitor_files(cp, s) if s.kind in monitor.KINDS else []
+        out += [*config_files(s)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)] if s is next(
                 w for w in hp.services if has_watchdog(w)) else [watchdog_unit(cp, s)]

@@ -45,7 +45,7 @@ HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 # deploy names of the roles (their @deploy("...") titles) in the order deploy.py must run them
 ROLE_ORDER = ["Preflight", "Configure apt's retries", "GPU drivers", "Container runtime", "Write the deploy manifest",
               "Ship Dynamo artifacts", "Container images", "Model weights", "Deploy etcd", "Deploy NATS", "Deploy the Dynamo frontend", "Deploy the edge", "Deploy the workers",
-              "Roll the workers", "Check the cluster is serving", "Record the deployment"]
+              "Roll the workers", "Check the cluster is serving", "Deploy monitoring", "Record the deployment"]
 GPU_ROLES = {"GPU drivers", "Container runtime", "Container images", "Model weights"}
 
 
@@ -302,7 +302,7 @@ def assert_role_order(run, cluster: Cluster):
     # the frontend, etcd or NATS runs while workers roll
     assert set(rolling) <= {"Roll the workers"}, rolling
     assert "Roll the workers" not in before + middle + after
-    assert set(after) <= {"Check the cluster is serving", "Record the deployment"}, after
+    assert set(after) <= {"Check the cluster is serving", "Deploy monitoring", "Record the deployment"}, after
     assert "Check the cluster is serving" not in before + middle + rolling
     assert "Record the deployment" not in before + middle + rolling
     # the deploy record is each host's last op (after the serving check) wherever the host runs something

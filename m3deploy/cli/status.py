@@ -1,0 +1,76 @@
+"""`m3deploy status INVENTORY [--watch] [--source auto|prometheus|direct] [--json]` and
+`m3deploy dashboards INVENTORY OUTDIR`: the cluster now (m3deploy.check.status) and its Grafana dashboards
+(m3deploy.core.monitor)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from m3deploy.cli import fail, load_plan
+from m3deploy.core.errors import M3Error
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes (--watch).")
+@click.option("--source", type=click.Choice(["auto", "prometheus", "direct"]), default="auto", show_default=True,
+              help="auto: Prometheus when the plan has it and it answers, else each service's /metrics.")
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON.")
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def status(inventory, watch, interval, source, as_json, data):
+    """Per worker: up, routable, in flight, req/s, TTFT p50/p99, KV usage, restarts; per control service: up,
+    leader, members; the hosts that do not answer. Exit 1 when anything planned is down or not routable."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from m3deploy.check import status as S
+
+    try:
+        plan = load_plan(inventory, data, facts=False)
+    except M3Error as e:
+        fail(e)
+        return
+    snap = S.snapshot(plan, source)
+    if as_json:
+        click.echo(json.dumps(snap.to_dict(), indent=2))
+        raise SystemExit(0 if snap.ok else 1)
+    con = Console()
+    if not watch:
+        con.print(S.render(snap))
+        raise SystemExit(0 if snap.ok else 1)
+    with Live(S.render(snap), console=con, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(S.render(S.snapshot(plan, source)))
+        except KeyboardInterrupt:
+            pass
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+def dashboards(inventory, outdir, data):
+    """Write the cluster's Grafana dashboards (JSON, one file each) and its Prometheus config and rules into
+    OUTDIR, for a Grafana or Prometheus of your own."""
+    from m3deploy.core import monitor
+
+    try:
+        plan = load_plan(inventory, data, facts=False)
+    except M3Error as e:
+        fail(e)
+        return
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, doc in monitor.dashboards(plan).items():
+        (out / name).write_text(monitor.dashboard_json(doc))
+        click.echo(f"wrote {out / name}")
+    for name, text in (("prometheus.yml", monitor.to_yaml(monitor.prometheus_config(plan))),
+                       ("prometheus-rules.yml", monitor.to_yaml(monitor.rules(plan)))):
+        (out / name).write_text(text)
+        click.echo(f"wrote {out / name}")
