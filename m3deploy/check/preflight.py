@@ -284,8 +284,9 @@ def run_nccl_check(host, hp: HostPlan, min_busbw_gbps: float = 0.0, timeout: int
 # Running it (pyinfra API) and the CLI
 # --------------------------------------------------------------------------------------------
 
-def _pyinfra_inventory(path: str):
-    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.build does."""
+def pyinfra_inventory(path: str):
+    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.inventory does
+    (preflight connects to its hosts; the plan comes from m3deploy.cli.load)."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -297,15 +298,6 @@ def _pyinfra_inventory(path: str):
             extra.append(str(cand))
     with ctx_state.use(State()):
         return make_inventory(str(p), cwd=str(Path.cwd()), group_data_directories=extra)
-
-
-def load_plan(inventory_path: str):
-    """(pyinfra Inventory, ClusterPlan) for an inventory file; the plan comes from m3deploy.core.build."""
-    from m3deploy.core import build as plan_mod
-
-    hosts = inventory.load_inventory(inventory_path)
-    cluster = plan_mod.build(hosts, name=Path(inventory_path).stem)
-    return _pyinfra_inventory(inventory_path), cluster
 
 
 def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = False) -> dict[str, dict]:

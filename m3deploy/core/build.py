@@ -34,15 +34,20 @@ API_KEY_SECRET = "api-key"
 # ---------------------------------------------------------------------------------------------- inventory
 # ---------------------------------------------------------------------------------------------- settings
 # ---------------------------------------------------------------------------------------------- build
-def build(hosts, name: str | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterPlan:
-    """Validate and build the plan. `hosts`: a list of InvHost (m3deploy.core.inventory) or an inventory path."""
+def build(hosts, name: str | os.PathLike | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None,
+          ) -> ClusterPlan:
+    """Validate and build the plan: the one builder of every CLI command and of the deploy.
+
+    `hosts`: a list of InvHost (m3deploy.core.inventory) or an inventory path. `name`: the inventory file the hosts
+    came from (or a name standing for it); the cluster's name is `inventory.cluster_name`'s (m3_cluster, else the
+    file's name). `facts`: {host: {"env": ...}} networking env from the hosts' facts (with_fact_env)."""
     from m3deploy.core import validate
 
     if isinstance(hosts, (str, os.PathLike)):
         path = Path(hosts)
         hosts = load_inventory(path)
-        name = name or path.stem
-    name = cluster_name(hosts, name or "cluster")
+        name = name or path
+    name = cluster_name(hosts, name)
     problems = validate.check_inventory(hosts)
     if problems:
         raise ValidationError(problems)

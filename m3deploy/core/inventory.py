@@ -136,7 +136,7 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     attrs = _exec(path)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
     _refuse_duplicates(path, groups)
-    file_group = path.name.rsplit(".", 1)[0]
+    file_group = file_group_name(path)
 
     all_data: dict[str, Any] = {}
     if "all" in groups:
@@ -255,8 +255,18 @@ def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | No
     return out
 
 
-def cluster_name(hosts: list[InvHost], default: str = "cluster") -> str:
+def file_group_name(path: str | os.PathLike) -> str:
+    """The group pyinfra makes of every host of an inventory file: the file's name without its extension
+    (pyinfra_cli/inventory.py make_inventory_from_files: `name.rsplit(".", 1)[0]`)."""
+    return Path(path).name.rsplit(".", 1)[0]
+
+
+def cluster_name(hosts: list[InvHost], inventory: str | os.PathLike | None = None) -> str:
+    """The cluster's name, decided here and nowhere else (every CLI command and the deploy build the plan
+    through m3deploy.core.build.build, which calls this): `m3_cluster` where it is set, else the inventory
+    file's name (`inventories/mylab.py` -> `mylab`), else `cluster` (a plan built from data, with no file).
+    It names the controller's secrets store and deploy record (~/.config/m3deploy/<name>/)."""
     for h in hosts:
         if h.data.get("m3_cluster"):
             return str(h.data["m3_cluster"])
-    return default
+    return file_group_name(inventory) if inventory else "cluster"

@@ -16,6 +16,7 @@ from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 _CACHE_ATTR = "_m3deploy_plan"
+_INVENTORY_ATTR = "_m3deploy_inventory_file"
 _build_lock = threading.Lock()  # cooperative under pyinfra (gevent.monkey.patch_all)
 
 
@@ -48,13 +49,16 @@ def hosts_from_pyinfra(inv) -> list[InvHost]:
     return out
 
 
-def _cluster_name() -> str:
-    # pyinfra puts every host of inventories/<name>.py into a group called <name>
-    skip = {"all", "control", "workers"}
-    for g in state.inventory.get_group_names() if hasattr(state.inventory, "get_group_names") else ():
-        if g not in skip and len(state.inventory.get_group(g)) == len(list(state.inventory)):
-            return g
-    return "cluster"
+def record_inventory_file(path: str) -> None:
+    """Note the inventory file named on pyinfra's command line (m3deploy.deploy.preload, run from config.py before
+    pyinfra loads it). pyinfra keeps no note of it; its State lives for the whole run."""
+    setattr(state, _INVENTORY_ATTR, path)
+
+
+def inventory_file() -> str | None:
+    """The inventory file of this run; None when pyinfra was not started from its CLI with an inventory file
+    (the API, a host list). The plan names the cluster after it unless m3_cluster is set."""
+    return getattr(state, _INVENTORY_ATTR, None)
 
 
 def cluster_plan() -> ClusterPlan:
@@ -71,7 +75,7 @@ def cluster_plan() -> ClusterPlan:
         cached = getattr(state, _CACHE_ATTR, None)
         if cached is None:
             hosts = hosts_from_pyinfra(state.inventory)
-            cached = planmod.build(hosts, name=_cluster_name())
+            cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             if cached.state != "absent":
                 _prepare_controller(cached, {h.name: h.data for h in hosts})
             setattr(state, _CACHE_ATTR, cached)
