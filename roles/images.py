@@ -107,7 +107,7 @@ def deploy_images():
     hp = context.host_plan()
     archive_dir = settings.get(host.data, "m3_image_archive_dir")
     built = {s.image: s for s in hp.services if s.image and s.base_image}
-    always = settings.get(host.data, "m3_image_pull") == "always" and not archive_dir
+    always = context.cluster_plan().setting("m3_image_pull") == "always" and not archive_dir
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         pull = always and "@sha256:" not in image and image not in built
         have = host.get_fact(F.DockerImage, image=image)

@@ -83,7 +83,7 @@ def deploy_weights():
     cp = context.cluster_plan()
     if not _has_weights(hp) or not cp.model_repos:
         return
-    kind, mirror = fanout.parse_source(settings.get(host.data, "m3_weights_source"))
+    kind, mirror = fanout.parse_source(cp.setting("m3_weights_source"))
     if kind == "shared" and hp.name != _weights_hosts(cp)[0].name:
         return
     if kind in ("hub", "shared") or (kind == "mirror" and hp.name == mirror):
@@ -236,13 +236,13 @@ def weights_round(transfers=()):
         yield t
 
 
-def _controller_hub(data) -> Path:
+def _controller_hub(cp) -> Path:
     from m3deploy.controller.artifacts import cache_root
 
-    cache = settings.get(data, "m3_weights_controller_cache")
+    cache = cp.setting("m3_weights_controller_cache")
     if cache:
         return Path(cache).expanduser() / "hub"
-    if settings.get(data, "m3_mock_repo_mb"):
+    if cp.setting("m3_mock_repo_mb"):
         return cache_root() / "mock-hf" / "hub"  # mock repos never land in the user's own HF cache
     return Path(os.environ.get("HF_HOME") or Path("~/.cache/huggingface").expanduser()) / "hub"
 
@@ -251,7 +251,7 @@ _staged_lock = threading.Lock()
 _fanout_lock = threading.Lock()
 
 
-def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
+def _controller_repos(cp) -> dict[str, tuple[str, str, list[str]]]:
     """repo -> (its folder in the controller's hub cache, commit, the rsync filter sending only that commit):
     each repo downloaded or built once, then checked complete against its safetensors index. Memoised per run
     (every host's greenlet asks)."""
@@ -259,8 +259,8 @@ def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
         memo = getattr(state, "_m3_controller_repos", None)
         if memo is not None:
             return memo
-        hub = _controller_hub(data)
-        mb = settings.get(data, "m3_mock_repo_mb")
+        hub = _controller_hub(cp)
+        mb = cp.setting("m3_mock_repo_mb")
         out = {}
         for r in cp.model_repos:
             if mb:
@@ -306,8 +306,8 @@ def _plan(cp, root: str) -> dict:
 
 def _compute_plan(cp, root: str) -> dict:
     hosts = [h for h in _weights_hosts(cp) if h.name != root]
-    repos = _controller_repos(cp, host.data) if root == fanout.CONTROLLER else {}
-    degree = settings.get(host.data, "m3_weights_fanout")
+    repos = _controller_repos(cp) if root == fanout.CONTROLLER else {}
+    degree = cp.setting("m3_weights_fanout")
     per_repo, markers = {}, {}
     for r in cp.model_repos:
         commit = repos.get(r.repo, ("", "", []))[1]

@@ -88,7 +88,8 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
 class _Common:
     """What every service of the cluster shares: the settings and the choices derived from them."""
 
-    s: Mapping[str, Any]  # every m3_* setting (settings.DEFAULTS filled in), from the first worker
+    s: Mapping[str, Any]  # every m3_* setting (settings.cluster_settings: cluster keys from any host, the rest
+    #                       from the first worker)
     mode: str  # "tp" | "dp"
     size: int
     ep: bool
@@ -122,7 +123,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     control = [h for h in hosts if "control" in h.groups]
     workers = [h for h in hosts if "workers" in h.groups]
     ref = workers[0] if workers else hosts[0]
-    s = {k: settings.get(ref.data, k) for k in settings.DEFAULTS}
+    s = settings.cluster_settings(ref.data, [h.data for h in workers + control])
     variant, engine, serving = s["m3_variant"], s["m3_engine"], s["m3_serving"]
     features = settings.effective_features(s["m3_features"])
     mode, size, ep = settings.parse_parallel(s["m3_parallel"])

@@ -172,6 +172,14 @@ class ClusterPlan:
                 return h
         raise KeyError(f"no host {name!r} in cluster {self.name}")
 
+    def setting(self, key: str) -> Any:
+        """A cluster key's one value (settings.CLUSTER_KEYS, as the plan resolved it): what roles read instead of
+        a host's own data, which may lack a key another group set."""
+        for k, v in self.settings:
+            if k == key:
+                return v
+        raise KeyError(f"{key} is not a cluster setting of the plan")
+
     def group(self, group: str) -> tuple[HostPlan, ...]:
         return tuple(h for h in self.hosts if group in h.groups)
 

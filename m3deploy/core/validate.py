@@ -13,7 +13,7 @@ from typing import Callable
 
 from m3deploy.core import catalog, fanout, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
-from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
+from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
 MAX_CONTEXT = 1048576
 AMD_NATIVE_CONTEXT = 524288  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
@@ -40,13 +40,14 @@ class Cluster:
         self.control = [h for h in self.hosts if "control" in h.groups]
         self.ref = self.workers[0]
         ref = self.ref
-        self.variant, self.engine = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine"))
-        self.serving, self.state = str(_v(ref, "m3_serving")), str(_v(ref, "m3_state"))
-        self.raw_features = _v(ref, "m3_features") or []
+        self.s = s = cluster_settings(ref.data, [h.data for h in self.workers + self.control])  # as build reads them
+        self.variant, self.engine = str(s["m3_variant"]), str(s["m3_engine"])
+        self.serving, self.state = str(s["m3_serving"]), str(s["m3_state"])
+        self.raw_features = s["m3_features"] or []
         self.features = set(effective_features(self.raw_features))
-        self.mode = str(_v(ref, "m3_parallel"))
+        self.mode = str(s["m3_parallel"])
         self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
-        self.mml = _v(ref, "m3_max_model_len")
+        self.mml = s["m3_max_model_len"]
         self.plat_of = {h.name: h.data["m3_platform"] for h in self.workers
                         if h.data.get("m3_platform") in self.platforms}
         # the platform rules need a known platform (on every worker), variant, engine and parallel mode
@@ -86,14 +87,31 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 
 @rule(RULES)
 def cluster_keys_agree(c: Cluster, add: Add) -> None:
-    for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
-                "m3_model_id", "m3_dynamo_version", "m3_state", "m3_weights_source"):
-        seen = defaultdict(list)
-        for h in c.workers:
-            seen[repr(_v(h, key))].append(h.name)
+    """A cluster key (settings.CLUSTER_KEYS) is one value: every worker runs with the same one (defaults
+    included), and the hosts that set it, control hosts included, set the same one; a key only the control group
+    sets is the cluster's (settings.cluster_settings)."""
+    for key in CLUSTER_KEYS:
+        seen = _by_value(c.workers, key)
+        where = "workers"
+        if len(seen) < 2:
+            seen = _by_value([h for h in c.hosts if h.data.get(key) is not None], key)
+            where = "hosts"
         if len(seen) > 1:
-            detail = "; ".join(f"{v} on {_list(names)}" for v, names in seen.items())
-            add(f"key {key} differs between workers ({detail}). Fix: set it once in the cluster's group_data file")
+            detail = "; ".join(f"{v} on {_list(names)}" + (f" ({_list(sorted(files))})" if files else "")
+                               for v, (names, files) in seen.items())
+            add(f"key {key} differs between {where} ({detail}). Fix: set it once in the cluster's group_data file "
+                "(it is one value for the whole cluster)")
+
+
+def _by_value(hosts: list[InvHost], key: str) -> dict[str, tuple[list[str], set[str]]]:
+    """{repr(value): ([host names], {files it was set in})} of `key` over `hosts`, in their order."""
+    seen: dict[str, tuple[list[str], set[str]]] = {}
+    for h in hosts:
+        names, files = seen.setdefault(repr(_v(h, key)), ([], set()))
+        names.append(h.name)
+        if h.sources.get(key):
+            files.add(h.sources[key])
+    return seen
 
 
 @rule(RULES)
@@ -107,7 +125,7 @@ def known_names(c: Cluster, add: Add) -> None:
         add(f"key m3_serving: unknown serving mode {c.serving!r}. Fix: use one of {_list(cat['servings'])}")
     if c.state not in ("present", "absent"):
         add(f"key m3_state: {c.state!r} is neither 'present' nor 'absent'")
-    pull = str(_v(c.ref, "m3_image_pull"))
+    pull = str(c.s["m3_image_pull"])
     if pull not in ("missing", "always"):
         add(f"key m3_image_pull: {pull!r} is neither 'missing' nor 'always'. Fix: m3_image_pull = 'always' to pull "
             "tags on every deploy")
@@ -154,11 +172,11 @@ def max_model_len(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
     """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
-    mode = _v(c.ref, "m3_rollout")
+    mode = c.s["m3_rollout"]
     if mode not in ("rolling", "all-at-once"):
         add(f"key m3_rollout: {mode!r} is not a rollout strategy. Fix: use 'rolling' (one engine instance at a "
             "time, no failed requests) or 'all-at-once' (every changed worker together)")
-    n = _v(c.ref, "m3_rollout_max_unavailable")
+    n = c.s["m3_rollout_max_unavailable"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         add(f"key m3_rollout_max_unavailable: {n!r} must be a whole number >= 1 (engine instances drained and "
             "restarted together). Fix: m3_rollout_max_unavailable = 1")
@@ -167,7 +185,7 @@ def rollout(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def weights_source(c: Cluster, add: Add) -> None:
     """m3_weights_source = mirror:<host> names an inventory host; mock repos come from the controller."""
-    kind, mirror = fanout.parse_source(_v(c.ref, "m3_weights_source"))  # format checked by inputs
+    kind, mirror = fanout.parse_source(c.s["m3_weights_source"])  # format checked by inputs
     names = [h.name for h in c.hosts]
     if kind == "mirror" and mirror not in names:
         near = difflib.get_close_matches(mirror, names, n=1)
@@ -178,11 +196,11 @@ def weights_source(c: Cluster, add: Add) -> None:
     elif kind == "mirror" and mirror not in [h.name for h in c.workers]:
         add(f"key m3_weights_source: the mirror {mirror} is not in the `workers` group: only GPU hosts have an HF "
             f"cache to download into and serve from. Fix: name a host of the workers group, or 'controller'")
-    if _v(c.ref, "m3_mock_repo_mb") and kind != "controller":
+    if c.s["m3_mock_repo_mb"] and kind != "controller":
         add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
-            f"{_v(c.ref, 'm3_weights_source')!r}. Fix: also set m3_weights_source = 'controller'")
-    if _v(c.ref, "m3_engine") == "mocker" and _v(c.ref, "m3_runtime") == "docker" and not (
-            _v(c.ref, "m3_mock_repo_mb") and kind == "controller"):
+            f"{c.s['m3_weights_source']!r}. Fix: also set m3_weights_source = 'controller'")
+    if c.s["m3_engine"] == "mocker" and c.s["m3_runtime"] == "docker" and not (
+            c.s["m3_mock_repo_mb"] and kind == "controller"):
         add("key m3_runtime: the docker testbed's workers (HF_HUB_OFFLINE=1) load the staged mock repos, the target "
             "and a mock EAGLE3 draft, from the mounted HF cache, so they must be built and staged. Fix: also pass "
             "--data m3_weights_source=controller --data m3_mock_repo_mb=8 (docs/TESTBED.md)")
@@ -191,7 +209,7 @@ def weights_source(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def extra_args_parse(c: Cluster, add: Add) -> None:
     try:
-        recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
+        recipes.parse_arg_list(c.s["m3_extra_args"] or [])
     except Exception as e:  # M3Error with the offending token
         add(f"key {e}")
 
@@ -199,7 +217,7 @@ def extra_args_parse(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def block_size_kept(c: Cluster, add: Add) -> None:
     """The seed: "--block-size 128 is mandatory"; another size in m3_extra_args is check_plan's (on the argv)."""
-    for k in _v(c.ref, "m3_unset_args") or ():
+    for k in c.s["m3_unset_args"] or ():
         if str(k).replace("_", "-") == "--block-size":
             add(f"key m3_unset_args: {k!r} drops --block-size 128, which MiniMax-M3 needs on every platform (MSA "
                 f"sparse block; the engine's default 16 misaligns sparse attention). Fix: remove {k!r} from "
@@ -262,7 +280,7 @@ def engine_fits(c: Cluster, add: Add) -> None:
 def api_key_carried(c: Cluster, add: Add) -> None:
     """m3_api_key_file only where the server itself checks the key (docs/CONTRACTS.md "API keys"): a key that
     nothing enforces would look like protection and be none."""
-    if not _v(c.ref, "m3_api_key_file"):
+    if not c.s["m3_api_key_file"]:
         return
     fix = ("Fix: remove m3_api_key_file and put an authenticating reverse proxy (TLS + Bearer key) in front of "
            "the endpoint, or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")

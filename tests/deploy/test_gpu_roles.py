@@ -15,6 +15,7 @@ import pytest
 
 from m3deploy import facts as F
 from m3deploy.check import hfcache
+from m3deploy.core import settings
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
@@ -43,11 +44,16 @@ def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200",
     return HostPlan(**base)
 
 
-def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),)):
+def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),), **cluster_settings):
+    """A plan of `hosts`; its cluster settings (what roles read for the whole cluster) are the defaults but
+    `cluster_settings`."""
+    recorded = {k: settings.KEYS[k].default for k in settings.CLUSTER_KEYS}
+    assert set(cluster_settings) <= set(recorded), cluster_settings
+    recorded.update(cluster_settings)
     return ClusterPlan(name="t", platform=hosts[0].platform, variant="mxfp8", parallel="tp2", engine="vllm",
                        serving="standalone", features=(), model_id=MODEL, served_model_name=MODEL,
                        max_model_len=None, state="present", hosts=tuple(hosts), workers=(), endpoint="",
-                       model_repos=tuple(repos))
+                       model_repos=tuple(repos), settings=tuple(sorted(recorded.items())))
 
 
 def provisioned_facts() -> dict:
@@ -112,7 +118,7 @@ def test_fresh_host_with_reboot_allowed_reboots_and_rechecks(fake):
 def test_provisioned_host_has_nothing_to_do(fake):
     hp = hplan()
     for role in (deploy_drivers, deploy_runtime, deploy_images):
-        assert fake(role, facts=provisioned_facts(), host_plan=hp).ops == [], role
+        assert fake(role, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == [], role
     facts = provisioned_facts()
     from pyinfra.facts.files import File
     facts[File] = lambda path: {"mode": 644} if path == marker_path(hp.weights_dir, MODEL) else None
@@ -244,24 +250,27 @@ def test_runtime_configures_only_what_daemon_json_lacks(fake):
 
 def test_images_pull_by_digest_and_skip_present(fake):
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
-    run = fake(deploy_images, facts=facts, host_plan=hplan())
+    hp = hplan()
+    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     assert run.commands == [f"docker pull {IMAGE}"]
-    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hplan()).ops == []
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == []
 
 
 def test_image_pull_always_repulls_tags_never_digests(fake):
     """m3_image_pull=always: a tag present on the host (an old :nightly) is pulled again; a digest is immutable."""
     tag = "rocm/vllm-dev:nightly"
     hp = hplan(services=(worker("h200-01", tag), replace(worker("h200-01", IMAGE), name="m3-worker@1")))
-    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, host_data={"m3_image_pull": "always"})
+    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp, m3_image_pull="always"))
     assert run.commands == [f"docker pull {tag}"]
-    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp).ops == []  # default: missing
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == []  # missing
 
 
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
     (tmp_path / image_archive_name(IMAGE)).write_bytes(b"tar")
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
-    run = fake(deploy_images, facts=facts, host_plan=hplan(), host_data={"m3_image_archive_dir": str(tmp_path)})
+    hp = hplan()
+    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp),
+               host_data={"m3_image_archive_dir": str(tmp_path)})
     remote = f"/var/lib/m3/images/{image_archive_name(IMAGE)}"
     assert f"UPLOAD {remote}" in run.commands
     assert run.op("Container images | Load").commands == [f"docker load -i {remote}", f"rm -f {remote}"]
@@ -272,8 +281,9 @@ def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
     from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
-        fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hplan(),
-             host_data={"m3_image_archive_dir": str(tmp_path)})
+        hp = hplan()
+        fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hp,
+             cluster_plan=cplan(hp), host_data={"m3_image_archive_dir": str(tmp_path)})
 
 
 # --- weights ----------------------------------------------------------------------------------
@@ -337,9 +347,8 @@ def test_weights_on_the_host_from_a_token_file(fake, monkeypatch, tmp_path):
 def test_weights_shared_cache_downloads_once(fake, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     a, b = hplan("h200-01"), hplan("h200-02", address="10.0.0.12")
-    run = fake(deploy_weights, cluster_plan=cplan(a, b), hosts={
-        "h200-01": {"host_data": {"m3_weights_source": "shared"}},
-        "h200-02": {"host_data": {"m3_weights_source": "shared"}}})
+    run = fake(deploy_weights, cluster_plan=cplan(a, b, m3_weights_source="shared"),
+               hosts={"h200-01": {}, "h200-02": {}})
     assert any(o.name.endswith("(resumable, verified)") for o in run.for_host("h200-01"))
     assert run.for_host("h200-02") == []
 
