@@ -265,15 +265,28 @@ def engine_fits(c: Cluster, add: Add) -> None:
         add("key m3_serving: the mocker engine is Dynamo's; it needs m3_serving = 'dynamo'")
     if engine == "trtllm" and "text-only" not in features:
         add("key m3_features: TensorRT-LLM serves MiniMax-M3 text-only. Fix: add 'text-only' to m3_features")
-    if engine != "vllm" and engine != "mocker":
-        for f in ("eagle3", "eagle3-gqa", "kv-offload", "high-concurrency", "agentx", "fp8-per-channel"):
-            if f in features:
-                add(f"key m3_features: {f!r} is a vLLM recipe; it has no {engine} launch line. Fix: drop it or "
-                    "use m3_engine = 'vllm'")
     if engine == "sglang" and serving == "standalone" and info["vendor"] == "amd":
         add("key m3_engine: the SGLang launch line in the recipe is NVIDIA's. Fix: use vllm on AMD")
     if engine == "trtllm" and info["vendor"] != "nvidia":
         add(f"key m3_engine: TensorRT-LLM runs on NVIDIA GPUs, not on {platform}. Fix: use vllm")
+
+
+@rule(RULES)
+def features_have_an_effect(c: Cluster, add: Add) -> None:
+    """A feature the user asks for is what some recipe layer does for the chosen engine (the layers' own `when`:
+    core/data/layers/*.yaml); a feature no layer applies to on that engine would be dropped silently."""
+    if c.engine not in c.cat["engines"]:
+        return  # known_names says so
+    for f in dict.fromkeys(str(x) for x in c.raw_features if not str(x).startswith("no-")):
+        feature_layers = [layer for layer in recipes.layers() if f in layer.when.get("features", ())]
+        engines = {layer.when.get("engine") for layer in feature_layers}
+        if not feature_layers or None in engines or c.engine in engines:
+            continue  # unknown features are features_known's; a layer for any engine, or this one, applies
+        on = sorted(str(e) for e in engines)
+        files = sorted({layer.source.rsplit("/", 1)[-1] for layer in feature_layers})
+        add(f"key m3_features: {f!r} has no effect with m3_engine = {c.engine!r}: the recipe layers that "
+            f"implement it ({_list(files)}) apply to {_list(on)} only, so the plan would carry none of its flags. "
+            f"Fix: drop {f!r} from m3_features, or use m3_engine = {on[0]!r}")
 
 
 @rule(RULES)
