@@ -41,7 +41,7 @@ def deploy_runtime():
         return
     if not docker["nvidia_ctk"]:
         os_ = _gpu.require_ubuntu("install the NVIDIA Container Toolkit")
-        update = _gpu.ensure_cuda_repo(os_)
+        update = _gpu.ensure_cuda_repo(hp, os_)
         apt.packages(name="Install the NVIDIA Container Toolkit", packages=["nvidia-container-toolkit"],
                      update=update, extra_install_args=_gpu.APT_LOCK)
     if not docker["nvidia_runtime"]:

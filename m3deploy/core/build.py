@@ -19,7 +19,7 @@ from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
-from m3deploy.core.model import (ClusterPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
+from m3deploy.core.model import (ClusterPlan, DriverPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
                                  WorkerPlan)
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
@@ -222,7 +222,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else -(-mock_mb // 1024) if mock_mb and
             is_worker else 0,
             shm_min_gb=16 if gpus else 0,
-            needs_rdma=bool(is_worker and span > 1 and gpus),
+            needs_rdma=bool(is_worker and span > 1 and gpus), driver=driver_plan(h.data, plat, vendor) if gpus else None,
             services=tuple(services[h.name]), data=data))
 
     recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s)) + (
@@ -234,6 +234,26 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=etcd_url, nats_server=nats_url,
         dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
         venv=venv if serving == "dynamo" else "", model_dir=model_dir, model_repos=model_repos, settings=recorded)
+
+
+def driver_plan(data: Mapping[str, Any], platform: str, vendor: str) -> DriverPlan:
+    """A GPU host's driver: its m3_* data where set, else the catalog's vendor defaults and its platform's fabric."""
+    def get(key):
+        return settings.get(data, key)
+
+    allow_reboot = bool(get("m3_allow_reboot"))
+    if vendor == "amd":
+        return DriverPlan(vendor="amd", rocm=str(get("m3_rocm_version") or catalog.vendor("amd")["rocm"]),
+                          amdgpu_install_deb=str(get("m3_amdgpu_install_deb") or ""),
+                          amdgpu_usecase=str(get("m3_amdgpu_usecase")), gpu_users=tuple(get("m3_gpu_users")),
+                          allow_reboot=allow_reboot)
+    nvidia, fabric = catalog.vendor("nvidia"), catalog.fabric_services(platform)
+    fm, imex = get("m3_fabric_manager"), get("m3_imex")
+    return DriverPlan(vendor="nvidia", branch=int(get("m3_nvidia_driver_branch") or nvidia["driver_branch"]),
+                      flavor=str(get("m3_nvidia_driver_flavor") or nvidia["driver_flavor"]),
+                      fabric_manager="nvidia-fabricmanager" in fabric if fm is None else bool(fm),
+                      imex="nvidia-imex" in fabric if imex is None else bool(imex),
+                      repo_url=str(get("m3_nvidia_repo_url") or ""), allow_reboot=allow_reboot)
 
 
 def _fill(value, fill: Mapping[str, Any]) -> str | None:

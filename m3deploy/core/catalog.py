@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,10 @@ def fabric_services(platform_name: str) -> tuple[str, ...]:
 def supported_os() -> set[tuple[str, str]]:
     """The OSes GPU hosts are supported on: {("ubuntu", "24.04"), ...}."""
     return {tuple(str(x).split(" ", 1)) for x in catalog()["supported_os"]}
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """The numbers of the first dotted version in `v`: "580.95.05" -> (580, 95, 5), "7.2.0-43" -> (7, 2, 0),
+    "rocm-7.2" -> (7, 2), "" -> (). The one version parser of the drivers role, preflight and the facts."""
+    m = re.search(r"\d+(?:\.\d+)*", v or "")
+    return tuple(int(x) for x in m.group().split(".")) if m else ()

@@ -106,6 +106,25 @@ class Service:
 
 
 @dataclass(frozen=True)
+class DriverPlan:
+    """What a GPU host's driver must be: the one owner of it, read by roles/drivers.py (installs it) and
+    check/preflight.py (checks it). From the host's data (m3_nvidia_driver_branch, m3_rocm_version, ...), else the
+    catalog (`vendors:`, the platform's `fabric:`)."""
+
+    vendor: str  # "nvidia" | "amd"
+    branch: int = 0  # NVIDIA: the driver branch installed, and the minimum a loaded driver must have
+    flavor: str = ""  # NVIDIA: "open" | "proprietary" kernel modules
+    fabric_manager: bool = False  # NVIDIA: run nvidia-fabricmanager (HGX NVSwitch)
+    imex: bool = False  # NVIDIA: run nvidia-imex (GB200 NVL72)
+    repo_url: str = ""  # NVIDIA: the CUDA apt repository ("" = NVIDIA's, per Ubuntu release and arch)
+    rocm: str = ""  # AMD: the ROCm installed, and the minimum (major.minor) an installed one must have
+    amdgpu_install_deb: str = ""  # AMD: amdgpu-install's .deb URL ("" = repo.radeon.com's for `rocm`)
+    amdgpu_usecase: str = ""  # AMD: amdgpu-install --usecase
+    gpu_users: tuple[str, ...] = ()  # AMD: users added to the render and video groups
+    allow_reboot: bool = False  # reboot the host when the driver change needs it (else stop, naming it)
+
+
+@dataclass(frozen=True)
 class HostPlan:
     name: str  # inventory name
     address: str  # cluster address (binds, advertised addresses, --master-addr)
@@ -120,6 +139,7 @@ class HostPlan:
     weights_gb: int = 0  # disk needed for the variant's weights
     shm_min_gb: int = 0
     needs_rdma: bool = False  # a worker on this host spans hosts
+    driver: DriverPlan | None = None  # GPU hosts: the driver they must run
     services: tuple[Service, ...] = ()  # in start order
     data: tuple[tuple[str, Any], ...] = ()  # the m3_* data the plan read for this host (for reports)
 
@@ -227,4 +247,4 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["DriverPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

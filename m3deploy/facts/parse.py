@@ -15,6 +15,8 @@ import re
 import shlex
 from typing import Any
 
+from m3deploy.core.catalog import version_tuple
+
 
 # --------------------------------------------------------------------------------------------
 # NVIDIA
@@ -137,8 +139,7 @@ def upstream_version(deb_version: str) -> str:
 
 
 def nvidia_driver_branch(version: str) -> int:
-    m = re.match(r"(\d+)", version or "")
-    return int(m.group(1)) if m else 0
+    return (version_tuple(version) or (0,))[0]
 
 
 # --------------------------------------------------------------------------------------------

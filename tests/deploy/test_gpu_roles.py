@@ -16,6 +16,7 @@ import pytest
 from m3deploy import facts as F
 from m3deploy.check import hfcache
 from m3deploy.core import settings
+from m3deploy.core.build import driver_plan
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
@@ -36,10 +37,12 @@ def worker(host="h200-01", image=IMAGE):
     return Service(name="m3-worker@0", kind="worker", host=host, argv=("vllm", "serve", MODEL), image=image)
 
 
-def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, **kw):
+def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, data=None, **kw):
+    """A GPU host's plan; its driver section is the plan's own (core.build.driver_plan) for the m3_* `data`."""
     base = dict(name=name, address="10.0.0.11", groups=("workers",), platform=platform, gpu_vendor=vendor,
                 gpu_model=model, gpus=gpus, gpu_memory_gb=141, weights_dir="/var/lib/m3/hf", weights_gb=444,
-                shm_min_gb=16, services=(worker(name, image),) if gpus else ())
+                shm_min_gb=16, services=(worker(name, image),) if gpus else (),
+                driver=driver_plan(data or {}, platform, vendor) if gpus else None)
     base.update(kw)
     return HostPlan(**base)
 
@@ -105,8 +108,8 @@ def test_fresh_nvidia_host_installs_the_pinned_branch_and_stops_for_the_reboot(f
 
 
 def test_fresh_host_with_reboot_allowed_reboots_and_rechecks(fake):
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(),
-               host_data={"m3_allow_reboot": True, "m3_nvidia_driver_branch": "590"})
+    run = fake(deploy_drivers, facts=fresh_facts(),
+               host_plan=hplan(data={"m3_allow_reboot": True, "m3_nvidia_driver_branch": "590"}))
     names = [n.split(" | ")[1] for n in run.names]
     assert names[1] == "Install nvidia-driver-590-open, nvidia-fabricmanager-590"
     assert names[2:] == ["Reboot to load the GPU driver", "Check the GPU driver after the reboot",
@@ -138,7 +141,7 @@ def test_host_needing_a_reboot_is_stopped_with_its_name(fake):
     run = fake(deploy_drivers, facts=facts, host_plan=hplan())
     assert [n.split(" | ")[1] for n in run.names] == ["Stop: @fake/h200-01 needs a reboot"]
     assert "loaded nvidia kernel module 570.124.06 differs from the installed 580.159.04" in run.commands[0]
-    run = fake(deploy_drivers, facts=facts, host_plan=hplan(), host_data={"m3_allow_reboot": True})
+    run = fake(deploy_drivers, facts=facts, host_plan=hplan(data={"m3_allow_reboot": True}))
     assert [n.split(" | ")[1] for n in run.names] == ["Reboot to load the GPU driver",
                                                        "Check the GPU driver after the reboot"]
 
@@ -157,10 +160,10 @@ def test_wrong_driver_branch_is_replaced(fake):
 
 
 def test_gb200_gets_imex_not_fabric_manager(fake):
-    a = hplan("gb200-01", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.1")
+    a = hplan("gb200-01", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.1",
+              data={"m3_allow_reboot": True})
     b = hplan("gb200-02", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.2")
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=a, cluster_plan=cplan(a, b),
-               host_data={"m3_allow_reboot": True})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=a, cluster_plan=cplan(a, b))
     names = [n.split(" | ")[1] for n in run.names]
     assert "Install nvidia-driver-580-open, nvidia-imex-580" in names
     assert "Render /etc/nvidia-imex/nodes_config.cfg" in names and "Enable and start nvidia-imex" in names
@@ -187,8 +190,9 @@ def test_non_ubuntu_fresh_host_gets_a_clear_error(fake):
 # --- AMD ------------------------------------------------------------------------------------
 
 def test_fresh_amd_host_installs_rocm_and_groups(fake):
-    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8)
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hp, host_data={"m3_gpu_users": ["ubuntu"]})
+    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8,
+               data={"m3_gpu_users": ["ubuntu"]})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hp)
     names = [n.split(" | ")[1] for n in run.names]
     assert names == ["Install amdgpu-install 7.2", "Install kernel headers and extra modules for 6.8.0-50-generic",
                      "Install ROCm 7.2 and the amdgpu driver (dkms,rocm)", "Add ubuntu to the render and video group(s)",
@@ -203,11 +207,12 @@ def test_fresh_amd_host_installs_rocm_and_groups(fake):
 
 
 def test_provisioned_amd_host_has_nothing_to_do(fake):
-    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8)
+    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8,
+               data={"m3_gpu_users": ["ubuntu"]})
     facts = {F.OsInfo: NOBLE, F.RocmVersion: "7.2.0",
              F.AmdDevices: lambda user="root": F.parse_amd_devices(f"kfd=yes\ndri=card0 renderD128\ngroups={user} video render\n"),
              F.RebootRequired: F.parse_reboot("")}
-    assert fake(deploy_drivers, facts=facts, host_plan=hp, host_data={"m3_gpu_users": ["ubuntu"]}).ops == []
+    assert fake(deploy_drivers, facts=facts, host_plan=hp).ops == []
 
 
 def test_amdgpu_install_url():
