@@ -350,7 +350,8 @@ def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tup
 
 def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
     s, etcd, venv, home = c.s, c.etcd, c.venv, c.home
-    ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
+    ctx = {**catalog.model_constants(s["m3_engine"]), "address": a, "frontend_port": s["m3_frontend_port"],
+           "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
     # its own host's NATS as the seed (every control host runs one); workers seed from the first control host
     env = dict(_dynamo_env(a, etcd, nats_seed(a), f"{home}/m3-frontend", bool(s["m3_auth"])))
@@ -383,12 +384,13 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
     http_port = int(s["m3_worker_port"]) + slot
     sizes = sorted(set(int(x) for x in s["m3_cudagraph_capture_sizes"]) | {256, 512, 1024, 2048})
     ctx = {
-        "engine": engine, "serving": serving, "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
+        **catalog.model_constants(engine), "engine": engine, "serving": serving, "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
         "platform": platform, "variant": s["m3_variant"], "parallel": str(s["m3_parallel"]), "ep": ep,
         "dp_mode": mode == "dp", "multi_host": nnodes > 1, "features": features,
         "tp": size, "dp": size, "address": address, "kv_events_port": kv_port,
         "device_ids": ",".join(str(d) for d in devices), "max_model_len": s["m3_max_model_len"],
-        "max_num_seqs": s["m3_max_num_seqs"], "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
+        "max_num_seqs": s["m3_max_num_seqs"], "mocker_speedup_ratio": s["m3_mocker_speedup_ratio"],
+        "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
     }
     r = recipes.resolve(ctx, target="worker")
     CL, PL = "cluster", "m3deploy/core/build.py"
@@ -404,7 +406,6 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
     if s["m3_max_model_len"]:
         r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
     if engine == "mocker":
-        r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
         if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos
             fill["model_dir"] = model_id
             r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)

@@ -15,8 +15,6 @@ from m3deploy.core import catalog, fanout, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
-MAX_CONTEXT = 1048576
-AMD_NATIVE_CONTEXT = 524288  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
 
 
 def _v(h: InvHost, key: str):
@@ -48,6 +46,7 @@ class Cluster:
         self.mode = str(s["m3_parallel"])
         self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
         self.mml = s["m3_max_model_len"]
+        self.model = catalog.model_constants(self.engine)  # catalog.yaml `model:`: block size, context windows
         self.plat_of = {h.name: h.data["m3_platform"] for h in self.workers
                         if h.data.get("m3_platform") in self.platforms}
         # the platform rules need a known platform (on every worker), variant, engine and parallel mode
@@ -165,8 +164,8 @@ def max_model_len(c: Cluster, add: Add) -> None:
     if mml is not None:
         if not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0:
             add(f"key m3_max_model_len: {mml!r} is not a positive integer (tokens)")
-        elif mml > MAX_CONTEXT:
-            add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({MAX_CONTEXT})")
+        elif mml > c.model["max_context"]:
+            add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({c.model['max_context']})")
 
 
 @rule(RULES)
@@ -219,7 +218,8 @@ def block_size_kept(c: Cluster, add: Add) -> None:
     """The seed: "--block-size 128 is mandatory"; another size in m3_extra_args is check_plan's (on the argv)."""
     for k in c.s["m3_unset_args"] or ():
         if str(k).replace("_", "-") == "--block-size":
-            add(f"key m3_unset_args: {k!r} drops --block-size 128, which MiniMax-M3 needs on every platform (MSA "
+            add(f"key m3_unset_args: {k!r} drops --block-size {c.model['block_size']}, which MiniMax-M3 needs on every "
+                "platform (MSA "
                 f"sparse block; the engine's default 16 misaligns sparse attention). Fix: remove {k!r} from "
                 "m3_unset_args")
 
@@ -326,10 +326,11 @@ def amd_context_and_bf16(c: Cluster, add: Add) -> None:
     """The seed's AMD notes: native context 512K (YaRN past it: long-context-1m); BF16 needs TP=8."""
     if c.info["vendor"] != "amd" or c.engine == "mocker":
         return
-    if isinstance(c.mml, int) and c.mml > AMD_NATIVE_CONTEXT and "long-context-1m" not in c.features:
-        add(f"key m3_max_model_len: {c.mml} is past AMD's native context ({AMD_NATIVE_CONTEXT}, 512K) on "
+    native = c.model["native_context"]  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
+    if isinstance(c.mml, int) and c.mml > native and "long-context-1m" not in c.features:
+        add(f"key m3_max_model_len: {c.mml} is past AMD's native context ({native}, 512K) on "
             f"{c.platform}; going past it needs the YaRN rope_scaling override. Fix: add 'long-context-1m' to "
-            f"m3_features, or m3_max_model_len <= {AMD_NATIVE_CONTEXT}")
+            f"m3_features, or m3_max_model_len <= {native}")
     if c.variant == "bf16" and c.size and c.size < 8:
         add(f"key m3_parallel: BF16 needs TP=8 on AMD (the seed), not {c.mode} on {c.platform}. Fix: "
             "m3_parallel = 'tp8' (or 'tp8-ep'/'dp8-ep'), or the mxfp8 variant from TP=4")
@@ -437,7 +438,8 @@ def check_plan(plan, hosts) -> list[str]:
                     pairs[tok.replace("_", "-")] = argv[i + 1]  # engines take --block_size as --block-size
             for flag in ("--block-size", "--kv-cache-block-size"):
                 if flag in pairs and pairs[flag] != str(cat["model"]["block_size"]):
-                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size 128 (MSA sparse "
+                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size "
+                        f"{cat['model']['block_size']} (MSA sparse "
                         f"block; other sizes misalign sparse attention). Fix: remove it from m3_extra_args")
             for flag, kind in (("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool_call"),
                                ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call")):
