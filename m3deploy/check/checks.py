@@ -362,7 +362,7 @@ def frontend_url(plan: ClusterPlan, path: str) -> str:
     if fe is None:
         return ""
     h, s = fe
-    p = next(p for p in s.ports if p.name == "http")
+    p = s.port("http")
     return f"http://{_url_host(h, p.address)}:{p.port}{path}"
 
 
@@ -377,11 +377,12 @@ def instance_services(plan: ClusterPlan) -> list[tuple[HostPlan, Service]]:
 
 
 def system_port(h: HostPlan, s: Service) -> int | None:
-    return next((p.port for p in s.ports if p.name == "system"), None)
+    p = s.port("system")
+    return p.port if p else None
 
 
 def metrics_url(h: HostPlan, s: Service) -> str:
-    p = next((p for p in s.ports if p.name == "system"), None)
+    p = s.port("system")
     return f"http://{_url_host(h, p.address)}:{p.port}/metrics" if p else ""
 
 

@@ -190,15 +190,10 @@ def _routable(ctx: Context) -> str:
     if missing:
         raise CheckFailed(f"no Dynamo worker id in /metrics of {missing}")
     before = request_counters(ctx)
-    wrong = []
     back = {v: k for k, v in ids.items()}
-    for key in planned:
-        try:
-            got = readiness.pinned_chat(ctx.plan.endpoint, ctx.plan.served_model_name, ids[key], api_key=ctx.api_key)
-        except (OSError, ValueError) as e:
-            raise CheckFailed(f"request pinned to {key} (instance {ids[key]}): {e}") from None
-        if got != ids[key]:
-            wrong.append(f"{key} -> {back.get(got, got)}")
+    got = readiness.answered_by_each(ctx.plan.endpoint, ctx.plan.served_model_name, {k: ids[k] for k in planned},
+                                     api_key=ctx.api_key)
+    wrong = [f"{key} -> {back.get(got[key], got[key])}" for key in planned if got[key] != ids[key]]
     d = deltas(before, request_counters(ctx))
     ev = f"{len(planned) - len(wrong)}/{len(planned)} pinned requests answered by their worker; /metrics " + \
          ", ".join(f"{k} +{v}" for k, v in sorted(d.items()))

@@ -217,3 +217,24 @@ def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         doc = json.loads(resp.read())
     return ((doc.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+
+
+def answered_by_each(endpoint: str, model: str, ids: dict[str, int], api_key: str | None = None,
+                     timeout_s: float = 0.0) -> dict[str, int | str | None]:
+    """Listed is not routable: one real chat request pinned to each worker ({"host/service": Dynamo instance
+    id}) -> {key: the instance that answered, or the error}; each retried until its own worker answers or
+    `timeout_s` passes (0: once). The one check of the deploy's last gate (roles/serving.py) and of
+    `m3deploy verify`'s smoke/routable (check/contract.py)."""
+    out: dict[str, int | str | None] = {}
+    for key, wid in ids.items():
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got: int | str | None = pinned_chat(endpoint, model, wid, api_key=api_key)
+            except (OSError, ValueError) as e:
+                got = f"an error: {e}"
+            if got == wid or time.monotonic() >= deadline:
+                break
+            time.sleep(1)
+        out[key] = got
+    return out

@@ -203,7 +203,7 @@ def _instances_check(plan: ClusterPlan, url: str) -> Callable[[Context], str]:
             inst = generate_instances(json.loads(body))
         except (ValueError, AttributeError):
             raise CheckFailed(f"GET {url}: body is not the frontend's health JSON: {body[:200]}") from None
-        want = Counter(_url_host(h, next((p.address for p in s.ports if p.name == "system"), h.address))
+        want = Counter(_url_host(h, s.port("system").address if s.port("system") else h.address)
                        for h, s in expected)
         got = Counter(instance_address(i) for i in inst)
         names = {(_url_host(h, h.address)): f"{h.name}" for h, _ in expected}

@@ -194,7 +194,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         endpoint = ""
         if first:
             hname, sname = first.split("/")
-            port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
+            port = next(x for x in services[hname] if x.name == sname).port("http").port
             endpoint = f"http://{url_host(addr[hname])}:{port}/v1"
 
     repo_args = catalog.engines()[engine].get("repo_args") or {}

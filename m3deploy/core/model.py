@@ -52,6 +52,11 @@ class ModelRepo:
     revision: str = "main"
 
 
+def container_name(service_name: str) -> str:
+    """The container a service runs in: its name without `@` (m3-worker@0 -> m3-worker-0)."""
+    return service_name.replace("@", "-")
+
+
 @dataclass(frozen=True)
 class Service:
     name: str  # systemd unit name without ".service": "etcd", "nats", "m3-frontend", "m3-worker@0"
@@ -81,6 +86,15 @@ class Service:
         return f"{self.name}.service"
 
     @property
+    def container(self) -> str:
+        """The container's name (`docker run --name`): the unit name without `@`, which docker refuses."""
+        return container_name(self.name)
+
+    def port(self, name: str) -> Port | None:
+        """The port the plan named `name` ("http", "system", "client", ...), or None."""
+        return next((p for p in self.ports if p.name == name), None)
+
+    @property
     def entrypoint(self) -> str | None:
         """Containers: the program `docker run --entrypoint` starts (argv[0]), never the image's own ENTRYPOINT."""
         return self.argv[0] if self.image else None
@@ -93,7 +107,7 @@ class Service:
         declares (vllm/vllm-openai: ["vllm", "serve"]; docs/CONTRACTS.md)."""
         if not self.image:
             return self.argv
-        return ("docker", "run", "--rm", "--name", self.name.replace("@", "-"), *self.docker_args,
+        return ("docker", "run", "--rm", "--name", self.container, *self.docker_args,
                 "--env-file", self.env_file, "--entrypoint", self.argv[0], self.image,
                 *self.argv[1:])
 
@@ -247,4 +261,4 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["DriverPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["container_name", "DriverPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

@@ -51,7 +51,7 @@ def scripted_service(worker: Service, port: int, model_dir: str, served: str, ho
         value = _flag(worker.argv, flag)
         if value is not None:
             argv += (flag, value)
-    address = next(p.address for p in worker.ports if p.name == "system")
+    address = worker.port("system").address
     env = dict(worker.env)
     env.update(HOME="/root" if worker.image else f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
     return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),

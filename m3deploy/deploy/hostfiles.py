@@ -139,9 +139,9 @@ def nats_conf_path(s: Service) -> str:
 
 
 def _port(s: Service, name: str):
-    for p in s.ports:
-        if p.name == name:
-            return p
+    p = s.port(name)
+    if p is not None:
+        return p
     raise M3Error(f"service {s.name} on {s.host} has no port named {name!r} (plan.build must set it)")
 
 
@@ -275,7 +275,7 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
         caches.append(M3_HOME)
     return {"m3deploy_manifest": MANIFEST_VERSION, "cluster": cp.name, "host": hp.name,
             "units": list(dict.fromkeys(units)),
-            "containers": [s.name.replace("@", "-") for s in svcs if s.image],
+            "containers": [s.container for s in svcs if s.image],
             # the images m3deploy made (the stand-in engine image, Dynamo worker images built on the host); a vendor
             # image stays: the host may share it, and it is tens of GB to fetch again
             "images": list(dict.fromkeys(s.image for s in svcs if s.image and built_here(s.image))),

@@ -268,7 +268,7 @@ def test_cli_exit_codes(monkeypatch, tmp_path):
     from m3deploy.cli.verify import verify as verify_cmd
 
     monkeypatch.setattr(inventory, "load_inventory", lambda path, override_data=None: [])
-    monkeypatch.setattr(planmod, "build", lambda inv, name=None: p)
+    monkeypatch.setattr(planmod, "build", lambda inv, name=None, facts=None: p)
     results = _results()
     monkeypatch.setattr(verify, "run_checks", lambda checks, ctx: results)
     out = tmp_path / "r.json"
