@@ -14,7 +14,6 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
 from m3deploy import facts as F
-from m3deploy.core import settings
 from roles import _gpu
 
 
@@ -32,7 +31,7 @@ def deploy_runtime():
             _gpu.require_ubuntu("install docker")
         # without Recommends, as etcd, NATS and rsync: docker.io's are git, needrestart (restarts services on
         # upgrades: unwanted on a serving host), apparmor, cgroupfs-mount, xz-utils, ca-certificates
-        apt.packages(name="Install the Docker engine", packages=settings.get(host.data, "m3_docker_packages"),
+        apt.packages(name="Install the Docker engine", packages=list(hp.images.docker_packages),
                      update=True, cache_time=3600, no_recommends=True, extra_install_args=_gpu.APT_LOCK)
     st = services.get("docker") or {}
     if not (st.get("active") == "active" and st.get("enabled") == "enabled"):

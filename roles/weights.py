@@ -50,7 +50,7 @@ from pyinfra.operations import apt, files, server
 
 from m3deploy.check import hfcache
 from m3deploy.controller.secrets import require_private
-from m3deploy.core import fanout, settings
+from m3deploy.core import fanout
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
 
@@ -59,11 +59,12 @@ CONTAINER_CACHE = "/root/.cache/huggingface"
 CONTAINER_TOKEN = "/run/secrets/hf_token"
 
 
-def controller_token() -> str | None:
-    """HF_TOKEN from the controller's environment, else the m3_hf_token_file (0600), else None."""
+def controller_token(hp) -> str | None:
+    """HF_TOKEN from the controller's environment, else the plan's weights.token_file (m3_hf_token_file, 0600),
+    else None."""
     if os.environ.get("HF_TOKEN"):
         return os.environ["HF_TOKEN"].strip()
-    path = host.data.get("m3_hf_token_file")
+    path = hp.weights.token_file
     if not path:
         return None
     p = Path(path).expanduser()
@@ -106,14 +107,14 @@ def _download(hp, cp):
     if not todo:
         return
     image = next((s.image for s in hp.services if s.kind == "worker" and s.image), "")
-    mode = settings.get(host.data, "m3_weights_download") or ("image" if image else "host")
-    token = controller_token()
+    mode = hp.weights.download
+    token = controller_token(hp)
     files.directory(name=f"Create {hp.weights_dir}", path=hp.weights_dir, mode="755")
     if token:
         files.directory(name="Create /etc/m3", path="/etc/m3", user="root", group="root", mode="700")
         files.put(name=f"Upload the Hugging Face token to {TOKEN_PATH} (0600)", src=StringIO(token + "\n"),
                   dest=TOKEN_PATH, user="root", group="root", mode="600")
-    verify = settings.get(host.data, "m3_weights_verify")
+    verify = hp.weights.verify
     if mode == "image":
         if not image:
             raise M3Error(f"host {hp.name}: m3_weights_download is 'image' but no worker on it has an image. "
@@ -122,7 +123,7 @@ def _download(hp, cp):
         hf = (f"docker run --rm --network=host -v {shlex.quote(hp.weights_dir)}:{CONTAINER_CACHE} {secret}"
               f"--entrypoint hf {shlex.quote(image)}")
     else:
-        cli = settings.get(host.data, "m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
+        cli = hp.weights.hf_cli
         hf = (f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "")
               + shlex.quote(cli))
     for r in todo:
@@ -292,7 +293,7 @@ def _hub_download(hub: Path, r) -> None:
                       "Fix: pip install huggingface_hub") from e
     with locked(hub / ".locks" / hfcache.repo_folder(hub, r.repo).name / "m3deploy-stage", f"downloading {r.repo}"):
         host.log(f"downloading {r.repo} into the controller's cache {hub} (resumable)")
-        snapshot_download(r.repo, revision=r.revision, cache_dir=str(hub), token=controller_token())
+        snapshot_download(r.repo, revision=r.revision, cache_dir=str(hub), token=controller_token(context.host_plan()))
 
 
 def _plan(cp, root: str) -> dict:

@@ -27,9 +27,8 @@ def artifacts(inventory, check_only, source, save_images, data):
     beside a deploy: each artifact is built under a lock and published atomically. A deploy builds the same
     list itself before its first operation; this command does it ahead of time (or checks it)."""
     try:
-        hosts, p = load(inventory, data, facts=False)
-        by_name = {h.name: h.data for h in hosts}
-        todo = prepare.needs(p, data_of=lambda n: by_name.get(n, {}))
+        p = load(inventory, data, facts=False)[1]
+        todo = prepare.needs(p)
     except M3Error as e:
         fail(e)
     if not todo:

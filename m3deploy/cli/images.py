@@ -21,10 +21,9 @@ def save_images(inventory, directory, force, data):
     """Pull (or, for m3deploy's own images, build) and `docker save` every image the plan runs into DIRECTORY,
     for air-gapped hosts."""
     try:
-        hosts, plan = load(inventory, data)
+        plan = load(inventory, data)[1]
         images = images_to_save(plan)
-        by_name = {h.name: h.data for h in hosts}
-        for need in prepare.needs(plan, lambda name: by_name.get(name) or {}):
+        for need in prepare.needs(plan):
             if need.kind == "sim-image":  # the stand-in engine image is built here, not pulled
                 prepare.ensure(need, log=click.echo)
         if not images:

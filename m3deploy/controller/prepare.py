@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
 
 from m3deploy.controller import artifacts
-from m3deploy.core import catalog, settings
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.core.simengine import SIM_IMAGE
 
@@ -37,16 +36,17 @@ class Need:
     venv: str = ""
 
 
-def container_target(platform: str, data: Mapping[str, Any], platforms=None) -> artifacts.Target:
+def container_target(hp, platforms=None) -> artifacts.Target:
     """The Python and CPU of a host's engine container, for which its Dynamo worker image's wheelhouse is built
-    (`m3_container_python`; the platform's `arch` in the catalog). roles/images.py reads the same answer."""
+    (the plan's images.container_python; the platform's `arch` in the catalog). roles/images.py reads the same
+    answer."""
     if platforms is None:
         platforms = catalog.catalog()["platforms"]
-    return artifacts.Target.container(str(settings.get(data, "m3_container_python")),
-                                      platforms.get(platform, {}).get("arch", "x86_64"))
+    return artifacts.Target.container(hp.images.container_python,
+                                      platforms.get(hp.platform, {}).get("arch", "x86_64"))
 
 
-def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -> list[Need]:
+def needs(plan) -> list[Need]:
     """Every controller artifact a deploy of `plan` reads, in build order (nothing for a teardown)."""
     if plan.state == "absent":
         return []
@@ -56,20 +56,18 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
     mocker: list[str] = []
     sim: dict[tuple[str, str], list[str]] = {}
     for h in plan.hosts:
-        data = data_of(h.name) or {}
         for s in h.services:
             if s.kind in ("frontend", "worker") and not s.image:
                 wheel.setdefault(artifacts.HOSTS, []).append(h.name)
             if s.kind == "worker" and plan.engine == "mocker":
                 mocker.append(h.name)
             if s.image and s.image.startswith(SIM_IMAGE + ":"):
-                sim.setdefault((s.image, str(settings.get(data, "m3_sim_image_rootfs") or "")), []).append(h.name)
+                sim.setdefault((s.image, h.images.sim_rootfs), []).append(h.name)
             if s.image and s.base_image:
-                target = container_target(h.platform, data, platforms)
+                target = container_target(h, platforms)
                 wheel.setdefault(target, []).append(h.name)
-            archive_dir = settings.get(data, "m3_image_archive_dir")
-            if s.image and archive_dir:
-                archives.setdefault((s.base_image or s.image, str(archive_dir)), []).append(h.name)
+            if s.image and h.images.archive_dir:
+                archives.setdefault((s.base_image or s.image, h.images.archive_dir), []).append(h.name)
     out = []
     for target, hosts in wheel.items():
         if not plan.dynamo_version:
@@ -149,6 +147,6 @@ def ensure(need: Need, log=None, source: str | None = None, save_images: bool = 
     return tar
 
 
-def ensure_all(plan, data_of=lambda name: {}, log=None) -> dict[Need, Path]:
+def ensure_all(plan, log=None) -> dict[Need, Path]:
     """What deploy.py runs once before any host's operations."""
-    return {n: ensure(n, log=log) for n in needs(plan, data_of)}
+    return {n: ensure(n, log=log) for n in needs(plan)}

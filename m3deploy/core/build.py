@@ -19,8 +19,8 @@ from m3deploy.core import catalog, layout, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
-from m3deploy.core.model import (ClusterPlan, DriverPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
-                                 WorkerPlan)
+from m3deploy.core.model import (ClusterPlan, DriverPlan, HostPlan, ImagesPlan, ModelRepo, Port, Provenance,
+                                 Readiness, Service, WeightsPlan, WorkerPlan)
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
@@ -212,17 +212,21 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         vendor = info.get("vendor", "")
         gpus = gpus_per_host.get(h.name, 0) if is_worker and vendor in ("nvidia", "amd") else 0
         data = tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_")))
+        weights_dir = s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else ""
         host_plans.append(HostPlan(
             name=h.name, address=addr[h.name], groups=tuple(g for g in ("control", "workers") if g in h.groups),
             platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
             gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
             gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
             interface=str(h.data.get("m3_interface") or ""),
-            weights_dir=s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else "",
+            weights_dir=weights_dir,
             weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else -(-mock_mb // 1024) if mock_mb and
             is_worker else 0,
             shm_min_gb=16 if gpus else 0,
             needs_rdma=bool(is_worker and span > 1 and gpus), driver=driver_plan(h.data, plat, vendor) if gpus else None,
+            images=images_plan(h.data, s["m3_image_pull"]) if gpus or any(x.image for x in services[h.name]) else None,
+            weights=weights_plan(h.data, services[h.name], venv if serving == "dynamo" else "") if weights_dir else None,
+            preflight_ignore=tuple(str(x) for x in settings.get(h.data, "m3_preflight_ignore")),
             services=tuple(services[h.name]), data=data))
 
     recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s)) + (
@@ -254,6 +258,22 @@ def driver_plan(data: Mapping[str, Any], platform: str, vendor: str) -> DriverPl
                       fabric_manager="nvidia-fabricmanager" in fabric if fm is None else bool(fm),
                       imex="nvidia-imex" in fabric if imex is None else bool(imex),
                       repo_url=str(get("m3_nvidia_repo_url") or ""), allow_reboot=allow_reboot)
+
+
+def images_plan(data: Mapping[str, Any], pull: str) -> ImagesPlan:
+    return ImagesPlan(pull=str(pull),
+                      archive_dir=str(settings.get(data, "m3_image_archive_dir") or ""),
+                      container_python=str(settings.get(data, "m3_container_python")),
+                      sim_rootfs=str(settings.get(data, "m3_sim_image_rootfs") or ""),
+                      docker_packages=tuple(str(p) for p in settings.get(data, "m3_docker_packages")))
+
+
+def weights_plan(data: Mapping[str, Any], services: list[Service], venv: str) -> WeightsPlan:
+    image = next((x.image for x in services if x.kind == "worker" and x.image), "")
+    return WeightsPlan(download=str(settings.get(data, "m3_weights_download") or ("image" if image else "host")),
+                       verify=bool(settings.get(data, "m3_weights_verify")),
+                       hf_cli=str(settings.get(data, "m3_hf_cli") or (f"{venv}/bin/hf" if venv else "hf")),
+                       token_file=str(settings.get(data, "m3_hf_token_file") or ""))
 
 
 def _fill(value, fill: Mapping[str, Any]) -> str | None:

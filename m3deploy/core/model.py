@@ -139,6 +139,28 @@ class DriverPlan:
 
 
 @dataclass(frozen=True)
+class ImagesPlan:
+    """How a host gets its container images (roles/images.py, roles/runtime.py) and what the controller builds for
+    them (controller/prepare.py): on hosts that run a container or have GPUs."""
+
+    pull: str = "missing"  # m3_image_pull: "missing" | "always"
+    archive_dir: str = ""  # m3_image_archive_dir: the controller's `docker save` archives ("" = pull)
+    container_python: str = ""  # m3_container_python: the engine images' Python (their ai-dynamo wheelhouse)
+    sim_rootfs: str = ""  # m3_sim_image_rootfs: the stand-in engine image's root filesystem on the controller
+    docker_packages: tuple[str, ...] = ()  # m3_docker_packages: the container engine's apt packages
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """How a host that holds weights downloads them (roles/weights.py), where the plan gives it a weights_dir."""
+
+    download: str = ""  # "image" (`hf` in the worker image) | "host" (m3_weights_download, else image when one runs)
+    verify: bool = True  # m3_weights_verify
+    hf_cli: str = ""  # the host's `hf` for download = "host" (m3_hf_cli, else the Dynamo venv's, else `hf`)
+    token_file: str = ""  # m3_hf_token_file: the controller's 0600 HF token (else HF_TOKEN from the environment)
+
+
+@dataclass(frozen=True)
 class HostPlan:
     name: str  # inventory name
     address: str  # cluster address (binds, advertised addresses, --master-addr)
@@ -154,6 +176,9 @@ class HostPlan:
     shm_min_gb: int = 0
     needs_rdma: bool = False  # a worker on this host spans hosts
     driver: DriverPlan | None = None  # GPU hosts: the driver they must run
+    images: ImagesPlan | None = None  # hosts that run a container or have GPUs
+    weights: WeightsPlan | None = None  # hosts with a weights_dir
+    preflight_ignore: tuple[str, ...] = ()  # m3_preflight_ignore: preflight checks that do not stop the deploy
     services: tuple[Service, ...] = ()  # in start order
     data: tuple[tuple[str, Any], ...] = ()  # the m3_* data the plan read for this host (for reports)
 
@@ -261,4 +286,4 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["container_name", "DriverPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

@@ -77,12 +77,12 @@ def cluster_plan() -> ClusterPlan:
             hosts = hosts_from_pyinfra(state.inventory)
             cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             if cached.state != "absent":
-                _prepare_controller(cached, {h.name: h.data for h in hosts})
+                _prepare_controller(cached)
             setattr(state, _CACHE_ATTR, cached)
     return cached
 
 
-def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
+def _prepare_controller(plan: ClusterPlan) -> None:
     from m3deploy.controller import prepare, secrets
 
     def say(msg: str) -> None:
@@ -90,7 +90,7 @@ def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
             print(f"    [controller] {msg}", flush=True)
 
     secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
-    prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
+    prepare.ensure_all(plan, log=say)
     secrets.ensure_secrets(plan.name)
 
 

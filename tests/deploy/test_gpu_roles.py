@@ -16,7 +16,7 @@ import pytest
 from m3deploy import facts as F
 from m3deploy.check import hfcache
 from m3deploy.core import settings
-from m3deploy.core.build import driver_plan
+from m3deploy.core.build import driver_plan, images_plan, weights_plan
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
@@ -38,11 +38,15 @@ def worker(host="h200-01", image=IMAGE):
 
 
 def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, data=None, **kw):
-    """A GPU host's plan; its driver section is the plan's own (core.build.driver_plan) for the m3_* `data`."""
+    """A GPU host's plan; its driver, images and weights sections are the plan's own (core.build.driver_plan,
+    images_plan, weights_plan) for the m3_* `data`."""
+    data = data or {}
+    services = (worker(name, image),) if gpus else ()
     base = dict(name=name, address="10.0.0.11", groups=("workers",), platform=platform, gpu_vendor=vendor,
                 gpu_model=model, gpus=gpus, gpu_memory_gb=141, weights_dir="/var/lib/m3/hf", weights_gb=444,
-                shm_min_gb=16, services=(worker(name, image),) if gpus else (),
-                driver=driver_plan(data or {}, platform, vendor) if gpus else None)
+                shm_min_gb=16, services=services, driver=driver_plan(data, platform, vendor) if gpus else None,
+                images=images_plan(data, data.get("m3_image_pull", "missing")) if gpus else None,
+                weights=weights_plan(data, list(services), ""))
     base.update(kw)
     return HostPlan(**base)
 
@@ -265,7 +269,8 @@ def test_image_pull_always_repulls_tags_never_digests(fake):
     """m3_image_pull=always: a tag present on the host (an old :nightly) is pulled again; a digest is immutable."""
     tag = "rocm/vllm-dev:nightly"
     hp = hplan(services=(worker("h200-01", tag), replace(worker("h200-01", IMAGE), name="m3-worker@1")))
-    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp, m3_image_pull="always"))
+    always = replace(hp, images=images_plan({}, "always"))
+    run = fake(deploy_images, facts=provisioned_facts(), host_plan=always, cluster_plan=cplan(always))
     assert run.commands == [f"docker pull {tag}"]
     assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == []  # missing
 
@@ -273,9 +278,8 @@ def test_image_pull_always_repulls_tags_never_digests(fake):
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
     (tmp_path / image_archive_name(IMAGE)).write_bytes(b"tar")
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
-    hp = hplan()
-    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp),
-               host_data={"m3_image_archive_dir": str(tmp_path)})
+    hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
+    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     remote = f"/var/lib/m3/images/{image_archive_name(IMAGE)}"
     assert f"UPLOAD {remote}" in run.commands
     assert run.op("Container images | Load").commands == [f"docker load -i {remote}", f"rm -f {remote}"]
@@ -286,9 +290,9 @@ def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
     from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
-        hp = hplan()
+        hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
         fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hp,
-             cluster_plan=cplan(hp), host_data={"m3_image_archive_dir": str(tmp_path)})
+             cluster_plan=cplan(hp))
 
 
 # --- weights ----------------------------------------------------------------------------------
@@ -337,16 +341,16 @@ def test_weights_on_the_host_from_a_token_file(fake, monkeypatch, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("hf_filetoken\n")
     tok.chmod(0o600)
-    hp = hplan(image=None)
-    run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp),
-               host_data={"m3_hf_token_file": str(tok), "m3_hf_cli": "/opt/m3/bin/hf", "m3_weights_verify": False})
+    hp = hplan(image=None, data={"m3_hf_token_file": str(tok), "m3_hf_cli": "/opt/m3/bin/hf",
+                                 "m3_weights_verify": False})
+    run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp))
     assert run.op("Model weights | Download").commands[0] == \
         f"HF_HOME=/var/lib/m3/hf HF_TOKEN_PATH=/etc/m3/hf_token /opt/m3/bin/hf download {MODEL}"
     assert not any("hf_filetoken" in c for c in run.commands)
     tok.chmod(0o644)
     from m3deploy.core.errors import M3Error
     with pytest.raises(M3Error, match="chmod 600"):
-        fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp), host_data={"m3_hf_token_file": str(tok)})
+        fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp))
 
 
 def test_weights_shared_cache_downloads_once(fake, monkeypatch):
