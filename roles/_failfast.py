@@ -28,7 +28,8 @@ class _StopOnFailure(BaseStateCallback):
     def operation_end(st, op_hash):
         if st.failed_hosts:
             op = next(iter(st.get_op_meta(op_hash).names), op_hash)
-            raise InvalidPlan(f"{_names(st.failed_hosts)} failed at {op!r} (its error is above); the deploy stops here, "
+            raise InvalidPlan(f"{_names(st.failed_hosts)} failed at {op!r} (its error is above); the deploy stops "
+                              "here, "
                               "the other hosts are as the completed operations left them. Fix: correct the cause "
                               f"and run the deploy again (hosts already right report no change); {FIX}")
 

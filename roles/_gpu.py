@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.operations import apt
 
 from m3deploy import facts as F
-from m3deploy.core import catalog, settings
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 
 APT_LOCK = "-o DPkg::Lock::Timeout=900"  # fresh cloud hosts run unattended-upgrades at boot

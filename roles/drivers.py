@@ -1,5 +1,6 @@
 """GPU drivers: NVIDIA (vendor CUDA apt repo, driver pinned to a branch, fabric manager on HGX, IMEX on
-GB200: the platform's catalog `fabric:`) or AMD (amdgpu-install, the catalog's ROCm, render/video groups). Skips whatever is already right and
+GB200: the platform's catalog `fabric:`) or AMD (amdgpu-install, the catalog's ROCm, render/video groups). Skips
+whatever is already right and
 reboots only when allowed; otherwise fails the host with a message naming it.
 
 Reads host_plan(): gpu_vendor, gpus, platform and `driver` (core.model.DriverPlan: branch, flavor, fabric

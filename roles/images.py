@@ -35,7 +35,6 @@ REMOTE_DIR = "/var/lib/m3/images"
 
 from m3deploy.controller.images import archive_image_id, image_archive_name  # noqa: E402  (one rule for save and load)
 
-
 DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
 FROM {base}
 COPY . /tmp/m3-wheels/

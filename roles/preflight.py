@@ -16,9 +16,9 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
+from m3deploy.check.preflight import check_host
 from m3deploy.core.errors import M3Error
 from m3deploy.facts import gather_facts
-from m3deploy.check.preflight import check_host
 
 DRIVER_FIXES = {"driver", "reboot", "gpu-driver-loaded"}
 NEEDS_DRIVER = {"gpu-vendor", "gpu-count", "gpu-model", "gpu-mixed", "gpu-memory", "mig", "amd-devices"}

@@ -1,5 +1,6 @@
 """Container runtime on hosts that run containers: Docker engine from the distribution's packages (GPU hosts: the
-supported Ubuntu releases; the testbed's Debian hosts with m3_runtime=docker: Debian's docker.io), and on NVIDIA GPU hosts the NVIDIA
+supported Ubuntu releases; the testbed's Debian hosts with m3_runtime=docker: Debian's docker.io), and on NVIDIA GPU
+hosts the NVIDIA
 Container Toolkit with docker's nvidia runtime (`nvidia-ctk runtime configure --runtime=docker`, only
 when /etc/docker/daemon.json lacks it) and GPU persistence mode. Skips what is already right.
 

@@ -414,7 +414,8 @@ def write(report: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> list
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(benchreport.markdown(report))
     fp = report["config"]["plan"]
-    title = f"{fp['cluster']}: {fp['model']} {fp['variant']} {fp['parallel']} ({fp['engine']}, {report['config']['profile']})"
+    title = (f"{fp['cluster']}: {fp['model']} {fp['variant']} {fp['parallel']} "
+             f"({fp['engine']}, {report['config']['profile']})")
     files = [out / "report.json", out / "report.md",
              benchreport.plot_latency(runs, out / "latency.png", title)]
     if report.get("workers"):

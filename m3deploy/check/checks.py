@@ -4,27 +4,21 @@ builds the checks from them; m3deploy.check.smoke its requests.
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
-
-import click
 
 from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
-from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
+from m3deploy.core.model import ClusterPlan, HostPlan, Service
 
 WILDCARDS = ("0.0.0.0", "::", "*")
 GROUPS = ("unit", "port", "file", "secrets", "health", "instances", "smoke")

@@ -145,7 +145,8 @@ def _image_input(ctx: Context) -> str:
     import openai
 
     want = image_policy(ctx.plan)
-    content = [{"type": "text", "text": "What colour is this pixel?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    content = [{"type": "text", "text": "What colour is this pixel?"},
+               {"type": "image_url", "image_url": {"url": PIXEL}}]
     try:
         r = ctx.openai().chat.completions.create(model=ctx.plan.served_model_name, max_tokens=8,
                                                  messages=[{"role": "user", "content": content}])

@@ -20,7 +20,6 @@ from typing import Any
 from m3deploy.core import catalog
 from m3deploy.core.catalog import version_tuple
 from m3deploy.core.model import HostPlan
-from m3deploy.core import inventory
 
 NCCL_SCRIPT = Path(__file__).with_name("nccl_allreduce.py")
 NCCL_MARKER = "M3_NCCL_RESULT "

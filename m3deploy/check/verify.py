@@ -24,24 +24,28 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import subprocess
-import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from m3deploy.check import hfcache
+from m3deploy.check.checks import (
+    WILDCARDS,
+    Check,
+    CheckFailed,
+    Context,
+    Result,
+    _url_host,
+    frontend,
+    frontend_url,
+    generate_instances,
+    instance_address,
+    instance_services,
+    ssh_command,
+)
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
-
-from m3deploy.check import hfcache
-from m3deploy.check.checks import (WILDCARDS, Check, CheckFailed, Context, Result, _url_host, frontend, frontend_url,
-                                   generate_instances, instance_address, instance_services, ssh_command)
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:
@@ -297,7 +301,8 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
         url = frontend_url(plan, "/health")
         out.append(Check(
             id=f"instances/{fe[0].name}/{fe[1].name}", group="instances", target=fe[0].name,
-            title=f"frontend /health lists {len(registered_services(plan))} generate instance(s) on the planned workers",
+            title=f"frontend /health lists {len(registered_services(plan))} generate instance(s) on the planned "
+                  "workers",
             fn=_instances_check(plan, url), reproduce=f"curl -sS {shlex.quote(url)} | python3 -m json.tool"))
     if not only_host and any(s.secret_env for h in plan.hosts for s in h.services):
         from m3deploy.controller.secrets import secrets_path
@@ -306,7 +311,8 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
         if os.path.exists(path):
             out.append(Check(id="secrets/controller", group="secrets", target="controller",
                              title="the controller's secrets store is 0600 in a 0700 dir", fn=_store_check(path),
-                             reproduce=f"stat -c '%a %U:%G %n' {shlex.quote(path)} {shlex.quote(os.path.dirname(path))}"))
+                             reproduce=f"stat -c '%a %U:%G %n' {shlex.quote(path)} "
+                                       f"{shlex.quote(os.path.dirname(path))}"))
     return out
 
 

@@ -152,7 +152,8 @@ def render_text(p, only_host=None, explain=False) -> str:
                          "process": "unit active"}.get(rd.kind, rd.kind) + f" within {rd.timeout_s}s"
             out.append(f"### {s.unit}  ({s.kind}{', rank %d/%d' % (s.rank, s.nnodes) if s.nnodes > 1 else ''})")
             if s.image:
-                out.append(f"# image: {s.image}" + (f" (built FROM {s.base_image} + ai-dynamo wheels)" if s.base_image else ""))
+                built = f" (built FROM {s.base_image} + ai-dynamo wheels)" if s.base_image else ""
+                out.append(f"# image: {s.image}{built}")
             if ports:
                 out.append(f"# ports: {ports}")
             if ready:

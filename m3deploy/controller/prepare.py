@@ -1,6 +1,7 @@
 """What the controller must hold before any host's work starts, for one plan, and making it so once.
 
-A deploy needs, on the controller (m3deploy.controller.artifacts, m3deploy.controller.mockmodel, m3deploy.controller.images):
+A deploy needs, on the controller (m3deploy.controller.artifacts, m3deploy.controller.mockmodel,
+m3deploy.controller.images):
 - the ai-dynamo wheelhouse for the hosts' Python (hosts running a native frontend or mocker worker);
 - one wheelhouse per engine container's Python and CPU where a host builds a Dynamo worker image
   (`m3_container_python`, default 3.12; the platform's `arch` in the catalog);
@@ -85,7 +86,8 @@ def needs(plan) -> list[Need]:
                         served_name=name))
     for (image, rootfs), hosts in sim.items():
         out.append(Need("sim-image", f"stand-in engine image {image} (docker, on the controller)",
-                        tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs, venv=plan.venv))
+                        tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs,
+                        venv=plan.venv))
     for (image, archive_dir), hosts in archives.items():
         out.append(Need("image-archive", f"docker save archive of {image}", tuple(dict.fromkeys(hosts)),
                         image=image, archive_dir=archive_dir))

@@ -131,7 +131,8 @@ def load_secrets(cluster: str) -> dict[str, str]:
 def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
     """Load the store, adding any missing secret (generated once, then reused forever).
 
-    Under the store's lock (m3deploy.controller.cachelock): two hosts' greenlets, or two processes, deploying one cluster
+    Under the store's lock (m3deploy.controller.cachelock): two hosts' greenlets, or two processes, deploying one
+    cluster
     at once must never generate two different passwords (hosts would get mismatched secrets)."""
     data = load_secrets(cluster)
     if all(n in data for n in names):

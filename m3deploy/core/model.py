@@ -286,4 +286,5 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "ModelRepo", "Port", "Readiness", "Provenance",
+           "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

@@ -58,7 +58,8 @@ def scripted_service(worker: Service, port: int, model_dir: str, served: str, ho
                    ports=(Port("system", port, address),),
                    readiness=Readiness(kind="http", url=f"http://{url_host(address)}:{port}/health",
                                        timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
-                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
+                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}",
+                   worker=-1, rank=0, nnodes=1,
                    devices=(), provenance=())
 
 

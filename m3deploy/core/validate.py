@@ -16,7 +16,6 @@ from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
 
-
 def _v(h: InvHost, key: str):
     return get(h.data, key)  # typed: m3deploy.core.inputs checked every value first
 
@@ -387,7 +386,8 @@ def worker_layout(c: Cluster, add: Add) -> None:
         if mem < need_gb:
             add(f"key m3_parallel: {c.variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
                 f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
-                f"size, more hosts per worker, a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB), or "
+                f"size, more hosts per worker, a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB), "
+                "or "
                 f"m3_gpu_memory_gb (per GPU, {per_gpu} GB now) if these GPUs have more memory")
 
 

@@ -40,7 +40,8 @@ LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
 _IMAGE_REF = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_.-]+)?(@sha256:[0-9a-f]{64})?")
-MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
+MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages",
+                 "users")
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
@@ -251,7 +252,8 @@ def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
 
 def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     """What the deploy makes on this host, in the order teardown removes it. Keys:
-    units (stopped and disabled), containers (removed), images (m3deploy's own, removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
+    units (stopped and disabled), containers (removed), images (m3deploy's own, removed), files and links (rm -f),
+    dirs (rm -rf), caches (rm -rf
     unless m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
     if empty), packages (purged), users (removed)."""
     svcs = list(reversed(hp.services))

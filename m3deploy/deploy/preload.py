@@ -2,7 +2,8 @@
 line (file:line and the fix) instead of pyinfra's "An internal exception occurred" and a debug log, and a host
 listed twice in a group is refused instead of merged (pyinfra merges it silently).
 
-It also records which file that is (m3deploy.deploy.context.inventory_file): the plan names the cluster after it unless m3_cluster is
+It also records which file that is (m3deploy.deploy.context.inventory_file): the plan names the cluster after it
+unless m3_cluster is
 set (m3deploy.core.inventory.cluster_name), and pyinfra keeps no note of it. The note is kept on pyinfra's State,
 which the CLI makes before it runs config.py and keeps for the whole run.
 

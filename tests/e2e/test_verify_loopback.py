@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from m3deploy.check import readiness
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.model import ClusterPlan, Service
-from m3deploy.check import readiness
 
 pytestmark = pytest.mark.e2e
 
@@ -224,10 +224,7 @@ def test_health_checks_pass(stack):
 
 
 def test_smoke_passes(stack):
-    from m3deploy.check import smoke
-    from m3deploy.check import verify
-
-    from m3deploy.check import contract
+    from m3deploy.check import contract, smoke, verify
 
     results = verify.run_checks(smoke.smoke_checks(stack.plan) + contract.contract_checks(stack.plan),
                                 verify.Context(stack.plan))
@@ -305,11 +302,7 @@ def test_affinity_checks_fail_without_session_affinity(stack):
     The affinity checks must fail there (turns of one session split over workers)."""
     from dataclasses import replace
 
-    from m3deploy.check import readiness
-
-    from m3deploy.check import smoke
-
-    from m3deploy.check import verify
+    from m3deploy.check import readiness, smoke, verify
 
     fe = next(s for h in stack.plan.hosts for s in h.services if s.kind == "frontend")
     argv = list(fe.argv)
@@ -329,7 +322,7 @@ def test_affinity_checks_fail_without_session_affinity(stack):
 def test_both_session_header_spellings_are_read(stack):
     """The seed's X-Dynamo-Session-ID and 1.6.1's x-session-id both keep a session on one worker (smoke passes
     both), and the evidence is the header: a header the frontend does not read splits the turns."""
-    from m3deploy.check import checks, smoke, verify
+    from m3deploy.check import checks, smoke
 
     ctx = checks.Context(stack.plan)
     for header in (smoke.SESSION_HEADER, "x-session-id"):

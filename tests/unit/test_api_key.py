@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from m3deploy.check import readiness
 from m3deploy.check.checks import Context
 from m3deploy.check.smoke import smoke_checks
 from m3deploy.check.verify import run_check

@@ -8,10 +8,17 @@ from pathlib import Path
 import pytest
 
 from m3deploy import facts as F
+from m3deploy.check.preflight import (
+    Check,
+    check_host,
+    env_from_facts,
+    model_matches,
+    nccl_command,
+    parse_nccl_output,
+    worker_image,
+)
 from m3deploy.core.build import driver_plan
 from m3deploy.core.model import HostPlan, Service
-from m3deploy.check.preflight import (Check, check_host, env_from_facts, model_matches, nccl_command,
-                                parse_nccl_output, worker_image)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from m3deploy.check import readiness
-
 from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import Readiness

@@ -8,12 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from m3deploy.check import checks, smoke, verify
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
-
-from m3deploy.check import smoke
-
-from m3deploy.check import checks, verify
 from m3deploy.core.build import InvHost
 
 
@@ -282,8 +279,9 @@ def test_cli_exit_codes(monkeypatch, tmp_path):
 
 
 def test_verify_suite_not_in_default_testpaths():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     cfg = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert "tests/verify" not in cfg["tool"]["pytest"]["ini_options"]["testpaths"]
