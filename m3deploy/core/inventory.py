@@ -15,8 +15,8 @@ import ast
 import json
 import os
 import traceback
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from m3deploy.core.errors import M3Error
@@ -138,19 +138,7 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     _refuse_duplicates(path, groups)
     file_group = file_group_name(path)
 
-    all_data: dict[str, Any] = {}
-    if "all" in groups:
-        all_hosts = groups.pop("all")
-        if isinstance(all_hosts, tuple):
-            all_hosts, all_data = all_hosts
-    else:
-        all_hosts = []
-        for members in groups.values():
-            members = members[0] if isinstance(members, tuple) else members
-            for m in members:
-                name = _split(m)[0]
-                if name not in all_hosts:
-                    all_hosts.append(name)
+    all_hosts, all_data = _all_group(groups)
     if file_group not in groups:
         groups[file_group] = list(all_hosts)
 
@@ -197,6 +185,20 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
         sources.update(dict.fromkeys(override_data or {}, "--data"))
         out.append((name, tuple(host_groups.get(name, [])), merged, sources))
     return out
+
+
+def _all_group(groups: dict[str, Any]) -> tuple[list, dict[str, Any]]:
+    """pyinfra's `all` group (taken out of `groups`): the inventory's own, with its data, else every host of every
+    group in order."""
+    if "all" in groups:
+        all_hosts = groups.pop("all")
+        return (list(all_hosts[0]), dict(all_hosts[1])) if isinstance(all_hosts, tuple) else (all_hosts, {})
+    names: list = []
+    for members in groups.values():
+        for m in members[0] if isinstance(members, tuple) else members:
+            if _split(m)[0] not in names:
+                names.append(_split(m)[0])
+    return names, {}
 
 
 def _refuse_duplicates(path: Path, groups: Mapping[str, Any]) -> None:
