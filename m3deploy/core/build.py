@@ -76,7 +76,7 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
     """`hp` with a host's networking env from its facts (m3deploy.core.netenv) added to each multi-host worker
     rank, wherever neither the recipe, the user (m3_interface, m3_rdma_env, m3_extra_env) nor the plan set it
     (provenance "facts"). Overlaid onto the built plan: per-host facts never rebuild it."""
-    if not env or plan.engine == "mocker":
+    if not env or catalog.engines()[plan.engine].get("simulated"):
         return hp
     services = []
     for svc in hp.services:
@@ -145,7 +145,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             services[x.name] += _control_services(x.name, addr[x.name], c.home, bool(s["m3_auth"]), members, name)
     lay = layout.Layout(c.size, layout.gpus_per_host(ref.data) if workers else 1)
     worker_plans, slots = _lay_workers(c, lay, workers, addr, services)
-    if engine == "mocker" and serving == "dynamo" and worker_plans:  # the tool-call engine beside the mocker
+    if catalog.engines()[engine].get("scripted") and serving == "dynamo" and worker_plans:  # tool-call engine
         h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
         worker0 = next(x for x in services[h0] if x.name == w0)
         services[h0].append(simengine.scripted_service(
@@ -185,7 +185,8 @@ def _common(ref: InvHost, workers: list[InvHost], control: list[InvHost], addr: 
         s=s, mode=mode, size=size, ep=ep, features=settings.effective_features(s["m3_features"]), model_id=model_id,
         served=s["m3_served_model_name"] or model_id, etcd=etcd_url, nats=nats_url,
         venv=f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}",
-        model_dir=f"{state_dir}/models/mock-minimax-m3" if s["m3_engine"] == "mocker" else s["m3_hf_cache"],
+        model_dir=f"{state_dir}/models/mock-minimax-m3" if catalog.engines()[s["m3_engine"]].get("simulated")
+        else s["m3_hf_cache"],
         home=state_dir)  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
 
 
@@ -237,10 +238,10 @@ def _standalone_endpoint(worker_plans: list[WorkerPlan], addr: Mapping[str, str]
 
 def _model_repos(c: _Common, hosts: list[InvHost], services: dict[str, list[Service]]) -> tuple[ModelRepo, ...]:
     """Every Hugging Face repo a worker loads (staged offline), or the testbed's mock copy of the target."""
-    engine = c.s["m3_engine"]
-    repo_args = catalog.engines()[engine].get("repo_args") or {}
+    rules = catalog.engines()[c.s["m3_engine"]]
+    repo_args = rules.get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
-                              and (engine != "mocker" or x.image)  # the docker testbed loads its staged mock repos
+                              and (not rules.get("simulated") or x.image)  # the docker testbed: staged mock repos
                               for r in repos.worker_repos(x.argv, c.model_id, repo_args))
     # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
     if c.s["m3_mock_repo_mb"] and not model_repos and repos.is_repo_id(c.model_id):
@@ -442,12 +443,13 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
             "master": rk.master, "master_url_host": url_host(rk.master), "master_port": s["m3_master_port"]}
     _user_overrides(c, rk, r, rules, fill)
     timeout = int(s["m3_readiness_timeout_s"] or r.readiness_timeout_s)
-    if engine == "mocker":
-        timeout += int(s["m3_mocker_startup_time"] or 0)
-    # mocker workers run in the stand-in engine image with m3_runtime=docker (m3_image overrides it)
-    sim_image = engine == "mocker" and s["m3_runtime"] == "docker"
+    if rules.get("readiness_extra_s"):
+        timeout += int(s[rules["readiness_extra_s"]] or 0)
+    # a simulated engine runs in the stand-in engine image with m3_runtime=docker (m3_image overrides it), else
+    # natively
+    sim_image = bool(rules.get("simulated")) and s["m3_runtime"] == "docker"
     image = (r.image or simengine.sim_image(str(s["m3_dynamo_version"]))) if sim_image else \
-        (r.image if engine != "mocker" else None)
+        (None if rules.get("simulated") else r.image)
     svc_ports, readiness = _worker_endpoints(c, rk, r, rules, info, ports, image, timeout)
     svc_ports, readiness = _multi_host(rk, r, rules, fill, svc_ports, readiness, timeout)
     head = _launch_line(c, r, rules, fill)
@@ -462,7 +464,7 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
         image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(svc_ports), readiness=readiness,
         after=((f"{rk.rank0_host}/{name}",) if rk.rank > 0 else ()),  # whole hosts: same slot
-        env_file=f"/etc/m3/{name}.env", workdir=f"{c.home}/{name}" if engine == "mocker" and not image else "",
+        env_file=f"/etc/m3/{name}.env", workdir="" if image else f"{c.home}/{name}",  # a native process: its own
         worker=rk.idx, rank=rk.rank, nnodes=rk.nnodes,
         devices=rk.devices if info["vendor"] in ("nvidia", "amd") else (), provenance=r.provenance_records())
 
@@ -492,12 +494,12 @@ def _user_overrides(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[s
         r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
     if s["m3_max_model_len"]:
         r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
-    if s["m3_engine"] == "mocker":
-        if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos
-            fill["model_dir"] = c.model_id
-            r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
-        if s["m3_mocker_startup_time"]:
-            r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
+    if rules.get("simulated") and s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker's
+        fill["model_dir"] = c.model_id
+        r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
+    for key, flag in (rules.get("settings_args") or {}).items():
+        if s[key]:
+            r.set_arg(flag, str(s[key]), f"{CL}:{key}", src)
     for key in s["m3_unset_args"] or ():
         r.unset(str(key), f"{CL}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
@@ -514,10 +516,10 @@ def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping
     """The rank's ports and readiness (Dynamo: its system port; standalone: its HTTP port), and the env the plan
     sets where neither a layer nor the user did (Dynamo's, HF offline, the multi-host socket interface, AMD's
     device list)."""
-    s, engine, host, address = c.s, c.s["m3_engine"], rk.host, rk.address
+    s, host, address = c.s, rk.host, rk.address
     plan_env: list[tuple[str, str]] = []
     if s["m3_serving"] == "dynamo":
-        whome = f"{c.home}/m3-worker@{rk.slot}" if engine == "mocker" and not image else "/root"
+        whome = "/root" if image else f"{c.home}/m3-worker@{rk.slot}"  # a native process: its own HOME
         plan_env += _dynamo_env(address, c.etcd, c.nats, whome, bool(s["m3_auth"]))
         plan_env += [("DYN_SYSTEM_PORT", str(ports["system"])),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
@@ -529,7 +531,7 @@ def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping
         out, health = [Port("http", ports["http"], address)], ports["http"]
     readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{health}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
-    if engine != "mocker":
+    if not rules.get("simulated"):  # GPU env
         if rk.nnodes > 1 and host.data.get("m3_interface"):
             plan_env += [("NCCL_SOCKET_IFNAME", str(host.data["m3_interface"])),
                          ("GLOO_SOCKET_IFNAME", str(host.data["m3_interface"]))]

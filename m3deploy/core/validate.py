@@ -46,6 +46,7 @@ class Cluster:
         self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
         self.mml = s["m3_max_model_len"]
         self.model = catalog.model_constants(self.engine)  # catalog.yaml `model:`: block size, context windows
+        self.rules = catalog.engines().get(self.engine) or {}  # engines.yaml: how the engine runs
         self.plat_of = {h.name: h.data["m3_platform"] for h in self.workers
                         if h.data.get("m3_platform") in self.platforms}
         # the platform rules need a known platform (on every worker), variant, engine and parallel mode
@@ -197,7 +198,7 @@ def weights_source(c: Cluster, add: Add) -> None:
     if c.s["m3_mock_repo_mb"] and kind != "controller":
         add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
             f"{c.s['m3_weights_source']!r}. Fix: also set m3_weights_source = 'controller'")
-    if c.s["m3_engine"] == "mocker" and c.s["m3_runtime"] == "docker" and not (
+    if c.rules.get("simulated") and c.s["m3_runtime"] == "docker" and not (
             c.s["m3_mock_repo_mb"] and kind == "controller"):
         add("key m3_runtime: the docker testbed's workers (HF_HUB_OFFLINE=1) load the staged mock repos, the target "
             "and a mock EAGLE3 draft, from the mounted HF cache, so they must be built and staged. Fix: also pass "
@@ -257,11 +258,14 @@ def variant_fits_platform(c: Cluster, add: Add) -> None:
 @rule(PLATFORM_RULES)
 def engine_fits(c: Cluster, add: Add) -> None:
     engine, serving, platform, features, info = c.engine, c.serving, c.platform, c.features, c.info
-    if platform == "sim" and engine != "mocker":
-        add(f"key m3_engine: the sim platform (testbed, no GPU) runs only the mocker engine, not {engine}. "
-            "Fix: m3_engine = 'mocker'")
-    if engine == "mocker" and serving != "dynamo":
-        add("key m3_serving: the mocker engine is Dynamo's; it needs m3_serving = 'dynamo'")
+    simulated = sorted(e for e, r in catalog.engines().items() if r.get("simulated"))
+    if info["vendor"] == "none" and not c.rules.get("simulated"):
+        add(f"key m3_engine: the {platform} platform (testbed, no GPU) runs only the {_list(simulated)} engine, not "
+            f"{engine}. Fix: m3_engine = {simulated[0]!r}")
+    launch = c.rules.get("launch") or {}
+    if serving in c.cat["servings"] and serving not in launch:  # an unknown serving mode is known_names's
+        add(f"key m3_serving: the {engine} engine has no {serving} launch line (engines.yaml `launch`); it needs "
+            + " or ".join(f"m3_serving = {m!r}" for m in launch))
     if engine == "trtllm" and "text-only" not in features:
         add("key m3_features: TensorRT-LLM serves MiniMax-M3 text-only. Fix: add 'text-only' to m3_features")
     if engine == "sglang" and serving == "standalone" and info["vendor"] == "amd":
@@ -323,7 +327,7 @@ def scoped_features(c: Cluster, add: Add) -> None:
 @rule(PLATFORM_RULES)
 def amd_context_and_bf16(c: Cluster, add: Add) -> None:
     """The seed's AMD notes: native context 512K (YaRN past it: long-context-1m); BF16 needs TP=8."""
-    if c.info["vendor"] != "amd" or c.engine == "mocker":
+    if c.info["vendor"] != "amd" or c.rules.get("simulated"):
         return
     native = c.model["native_context"]  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
     if isinstance(c.mml, int) and c.mml > native and "long-context-1m" not in c.features:
@@ -371,13 +375,13 @@ def worker_layout(c: Cluster, add: Add) -> None:
             if len(kinds) > 1:
                 add(f"worker {i} (hosts {_list(h.name for h in grp)}) mixes platforms "
                     f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
-    if engine == "mocker" and platform == "sim" and size != 1:
+    if c.info["vendor"] == "none" and size != 1:
         add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
     if engine == "trtllm" and size > g:
         add(f"key m3_parallel: multi-host TensorRT-LLM ({mode} over {g}-GPU hosts) is not supported by m3deploy. "
             "Fix: use vllm for multi-host workers")
     # weights must fit in the worker's GPU memory
-    if engine != "mocker" and platform != "sim":
+    if not c.rules.get("simulated") and c.info["vendor"] != "none":
         per_gpu = int(_v(c.ref, "m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
         mem = per_gpu * size
         need_gb = c.vinfo["vram_minimum_gb"]
@@ -452,7 +456,7 @@ def check_plan(plan, hosts) -> list[str]:
                 add(f"host {hp.name} {svc.name}: both {flags['dp']} and {flags['tp']}: {plan.parallel} runs "
                     f"data-parallel ranks of one GPU each. Fix: remove {flags['tp']} from m3_extra_args (or the "
                     "recipe layer that sets it)")
-            if svc.kind == "worker" and plan.engine != "mocker":
+            if svc.kind == "worker" and not (cat_engines.get(plan.engine) or {}).get("simulated"):
                 problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
             for p in svc.ports:
                 bound[p.port].append((p.address, svc.name, p.name))
