@@ -16,7 +16,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy.check import checks, contract, readiness, rollout
+from m3deploy.check import checks, readiness, rollout
+from m3deploy.check.verify import contract
 from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context

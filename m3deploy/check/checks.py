@@ -1,6 +1,6 @@
 """What every verification shares: a Check and its Result, SSH to the hosts, parsers of what the hosts and the
 frontend answer, the run Context, and the plan lookups (frontend, instances, metrics URLs). m3deploy.check.verify
-builds the checks from them; m3deploy.check.smoke its requests.
+builds the checks from them; m3deploy.check.verify.smoke its requests.
 """
 from __future__ import annotations
 

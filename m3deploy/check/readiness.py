@@ -224,7 +224,7 @@ def answered_by_each(endpoint: str, model: str, ids: dict[str, int], api_key: st
     """Listed is not routable: one real chat request pinned to each worker ({"host/service": Dynamo instance
     id}) -> {key: the instance that answered, or the error}; each retried until its own worker answers or
     `timeout_s` passes (0: once). The one check of the deploy's last gate (roles/serving.py) and of
-    `m3deploy verify`'s smoke/routable (check/contract.py)."""
+    `m3deploy verify`'s smoke/routable (check/verify/contract.py)."""
     out: dict[str, int | str | None] = {}
     for key, wid in ids.items():
         deadline = time.monotonic() + timeout_s

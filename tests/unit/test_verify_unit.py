@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from m3deploy.check import checks, smoke, verify
+from m3deploy.check import checks, verify
+from m3deploy.check.verify import smoke
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.build import InvHost

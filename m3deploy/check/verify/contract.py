@@ -19,7 +19,17 @@ from typing import Callable
 
 from m3deploy.check import readiness
 from m3deploy.check.checks import Check, CheckFailed, Context, frontend, frontend_url, instance_services
-from m3deploy.check.smoke import TOOLS, _call, _curl, _msgs, _usage_ok, chat, deltas, request_counters, worker_map
+from m3deploy.check.verify.smoke import (
+    TOOLS,
+    _call,
+    _curl,
+    _msgs,
+    _usage_ok,
+    chat,
+    deltas,
+    request_counters,
+    worker_map,
+)
 from m3deploy.core.model import ClusterPlan
 from m3deploy.core.simengine import tool_call_model
 

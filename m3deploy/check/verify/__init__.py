@@ -14,7 +14,7 @@ Every check is derived from the ClusterPlan (m3deploy.core.build.build), never h
   URL (etcd /health says healthy, NATS /healthz?js-enabled-only=true, frontend /live, worker system-port
   /health); `instances/...` the frontend's /health lists every planned worker instance (endpoint
   "generate") on the planned worker addresses.
-- smoke requests through the frontend (m3deploy.check.smoke).
+- smoke requests through the frontend (m3deploy.check.verify.smoke).
 
 A check is a function returning its evidence (a short string) or raising CheckFailed(evidence). The
 report lists each check, PASS/FAIL, the evidence, and for failures a command that reproduces it.
@@ -324,8 +324,8 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host)
     if smoke:
-        from m3deploy.check import contract
-        from m3deploy.check import smoke as smokemod
+        from m3deploy.check.verify import contract
+        from m3deploy.check.verify import smoke as smokemod
 
         checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan)
     return checks
