@@ -148,7 +148,7 @@ def render_text(p, only_host=None, explain=False) -> str:
             rd = s.readiness
             ready = ""
             if rd:
-                ready = {"http": f"GET {rd.url}", "tcp": f"tcp {rd.address}:{rd.port}",
+                ready = {"http": f"GET {rd.url}",
                          "process": "unit active"}.get(rd.kind, rd.kind) + f" within {rd.timeout_s}s"
             out.append(f"### {s.unit}  ({s.kind}{', rank %d/%d' % (s.rank, s.nnodes) if s.nnodes > 1 else ''})")
             if s.image:

@@ -22,7 +22,7 @@ class Port:
 class Readiness:
     """How to know a service is ready: polled, never slept."""
 
-    kind: str  # "http" (GET url answers `expect`), "tcp" (port accepts), "process" (unit active)
+    kind: str  # "http" (GET url answers `expect`), "process" (unit active)
     url: str = ""  # for http
     address: str = ""  # for tcp
     port: int = 0  # for tcp

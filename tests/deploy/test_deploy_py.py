@@ -690,7 +690,7 @@ def test_readiness_waits_are_wired(inv, cluster_run):
         hp = cluster.plan.host(name)
         names = [short(o, name) for o in ops]
         for s in hp.services:
-            if not (s.readiness and s.readiness.kind in ("http", "tcp")):
+            if not (s.readiness and s.readiness.kind == "http"):
                 continue
             wait = next(i for i, n in enumerate(names) if n.startswith(f"Wait for {s.unit} "))
             assert ops[wait].conditional and ops[wait].commands == ["PYTHON _wait"], (name, s.unit)
