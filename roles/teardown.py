@@ -78,7 +78,7 @@ def host_manifest(cp, hp) -> dict:
 @deploy("Tear down the MiniMax-M3 stack")
 def teardown():
     cp, hp = u.plans()
-    keep = bool(dict(cp.settings).get("m3_keep_caches", False))
+    keep = bool(cp.setting("m3_keep_caches"))
     m = host_manifest(cp, hp)
     # One idempotent command: stop/disable every unit that exists, remove containers.
     cmds = [f"for x in {' '.join(map(shlex.quote, m['units']))}; do systemctl disable --now \"$x\" 2>/dev/null "

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import teardown_path_problem
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -167,7 +166,7 @@ def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                   monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
                   auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
-                  max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")),
+                  max_payload=int(cp.setting("m3_nats_max_payload")),
                   routes=routes, cluster_name=f"m3-{cp.name}", cluster_port=_port(s, "cluster") if routes else None)
     return HostFile(nats_conf_path(s), text)
 
