@@ -426,7 +426,7 @@ def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
         env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
 
-CL, PL = "cluster", "m3deploy/core/build.py"  # provenance: a cluster setting; the plan itself
+CLUSTER_LAYER, PLAN_SOURCE = "cluster", "m3deploy/core/build.py"  # provenance: a cluster setting; the plan itself
 
 
 def _worker_service(c: _Common, rk: _Rank) -> Service:
@@ -491,23 +491,23 @@ def _user_overrides(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[s
     s, src = c.s, f"group_data ({rk.host.name})"
     if s["m3_image"]:
         r.image = s["m3_image"]
-        r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
+        r.provenance["image"] = (r.image, f"{CLUSTER_LAYER}:m3_image", src)
     if s["m3_max_model_len"]:
-        r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CL}:m3_max_model_len", src)
+        r.set_arg(rules["max_model_len"], str(s["m3_max_model_len"]), f"{CLUSTER_LAYER}:m3_max_model_len", src)
     if rules.get("simulated") and s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker's
         fill["model_dir"] = c.model_id
-        r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
+        r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PLAN_SOURCE)
     for key, flag in (rules.get("settings_args") or {}).items():
         if s[key]:
-            r.set_arg(flag, str(s[key]), f"{CL}:{key}", src)
+            r.set_arg(flag, str(s[key]), f"{CLUSTER_LAYER}:{key}", src)
     for key in s["m3_unset_args"] or ():
-        r.unset(str(key), f"{CL}:m3_unset_args", src)
+        r.unset(str(key), f"{CLUSTER_LAYER}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
-        r.set_arg(flag, value, f"{CL}:m3_extra_args", src)
+        r.set_arg(flag, value, f"{CLUSTER_LAYER}:m3_extra_args", src)
     for k, v in dict(rk.host.data.get("m3_rdma_env") or {}).items():
-        r.set_env(k, v, f"{CL}:m3_rdma_env", src)
+        r.set_env(k, v, f"{CLUSTER_LAYER}:m3_rdma_env", src)
     for k, v in (s["m3_extra_env"] or {}).items():
-        r.set_env(k, v, f"{CL}:m3_extra_env", src)
+        r.set_env(k, v, f"{CLUSTER_LAYER}:m3_extra_env", src)
 
 
 def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any],
@@ -539,7 +539,7 @@ def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping
             plan_env.append(("HIP_VISIBLE_DEVICES", ",".join(map(str, rk.devices))))
     for k, v in plan_env:
         if k not in r.env:
-            r.set_env(k, v, "plan", PL)
+            r.set_env(k, v, "plan", PLAN_SOURCE)
     return out, readiness
 
 
@@ -551,7 +551,7 @@ def _multi_host(rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any], fill: 
         return ports, readiness
     multi = rules.get("multi_host") or {}
     for flag, value in {**multi.get("all", {}), **(multi.get("followers", {}) if rk.rank > 0 else {})}.items():
-        r.set_arg(flag, _fill(value, fill), "plan:multi-host", PL)
+        r.set_arg(flag, _fill(value, fill), "plan:multi-host", PLAN_SOURCE)
     if rk.rank > 0:
         readiness = Readiness(kind="process", timeout_s=timeout)
         ports = [p for p in ports if p.name not in rules.get("followers_without", ())]
@@ -568,7 +568,7 @@ def _launch_line(c: _Common, r: recipes.Resolved, rules: Mapping[str, Any], fill
         if rules.get("served_name_flag") and c.served != c.model_id:
             extra[rules["served_name_flag"]] = "{served}"
         for flag, value in extra.items():
-            r.set_arg(flag, _fill(value, fill), "plan", PL)
+            r.set_arg(flag, _fill(value, fill), "plan", PLAN_SOURCE)
     return head
 
 

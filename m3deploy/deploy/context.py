@@ -20,14 +20,22 @@ _INVENTORY_ATTR = "_m3deploy_inventory_file"
 _build_lock = threading.Lock()  # cooperative under pyinfra (gevent.monkey.patch_all)
 
 
-class InvalidPlan(CliError, PyinfraError):
-    """Raised by deploy.py. pyinfra's CLI passes its own (CliError) exceptions through unwrapped and click exits
-    with their exit_code; PyinfraError makes pyinfra's per-host loader and exec_file re-raise it as is."""
+class DeployStopped(CliError, PyinfraError):
+    """m3deploy stops the deploy: pyinfra's CLI passes its own (CliError) exceptions through unwrapped and click
+    exits with their exit_code; PyinfraError makes pyinfra's per-host loader and exec_file re-raise it as is."""
 
     exit_code = 2
 
     def show(self, file=None):
         click.echo(f"--> {click.style('m3deploy', 'red', bold=True)}: {self.message}", err=True)
+
+
+class InvalidPlan(DeployStopped):
+    """The inventory or the plan is refused, or the controller cannot prepare the deploy: no host was changed."""
+
+
+class HostsFailed(DeployStopped):
+    """A host cannot be reached, or failed an operation (roles/_failfast.py): the deploy stops there."""
 
 
 def plan_name(pyinfra_host) -> str:
