@@ -43,7 +43,7 @@ def testbed_pss_mb() -> float:
     for pid in core._cgroup_pids(NAME):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
-                total += sum(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
         except OSError:
             pass
     return total / 1024
@@ -62,8 +62,8 @@ def machine() -> str:
     cores = os.cpu_count()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
-        osname = [l.split("=", 1)[1].strip().strip('"') for l in open("/etc/os-release")
-                  if l.startswith("PRETTY_NAME=")][0]
+        osname = [line.split("=", 1)[1].strip().strip('"') for line in open("/etc/os-release")
+                  if line.startswith("PRETTY_NAME=")][0]
     except (OSError, IndexError):
         osname = platform.platform()
     return f"{cores} cores, {mem:.0f} GiB, {osname}, kernel {platform.release()}"

@@ -4,8 +4,9 @@
 Reads from the environment (the unit's 0600 EnvironmentFile, never argv):
   M3_ETCD_URL          client URL of this member, e.g. http://10.77.0.2:2379
   M3_ETCD_ROOT_PASSWORD  password of etcd's `root` user (admin only; Dynamo never gets it)
-  M3_ETCD_USER / M3_ETCD_PASSWORD   the user Dynamo connects as (Dynamo gets them as ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD;
-  not ETCD_* here: etcd itself reads ETCD_* variables as its flags)
+  M3_ETCD_USER / M3_ETCD_PASSWORD   the user Dynamo connects as (Dynamo gets them as
+                                    ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD;
+                                    not ETCD_* here: etcd itself reads ETCD_* variables as its flags)
 Creates role `m3` (readwrite on every key), users root + $M3_ETCD_USER, then enables auth.
 Re-runs converge (the Dynamo user's password is set to the current secret). Uses the v3 JSON
 gateway of etcd 3.4 (no etcdctl needed). Exit 0 = auth on and the Dynamo user can log in.

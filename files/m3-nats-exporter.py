@@ -62,7 +62,8 @@ def main():
     a = ap.parse_args()
     host, _, port = a.listen.rpartition(":")
     Handler.varz_url = a.varz
-    server = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server = type("Server", (ThreadingHTTPServer,), {"address_family": family})
     server((host.strip("[]"), int(port)), Handler).serve_forever()
 
 

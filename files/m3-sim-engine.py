@@ -159,10 +159,9 @@ def run_scripted(argv: list[str]) -> None:
     args = p.parse_args(rest)
 
     import uvloop
-    from tokenizers import Tokenizer
-
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
     from dynamo.runtime import DistributedRuntime, dynamo_worker
+    from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(f"{args.model_path}/tokenizer.json")
     eos = [tok.token_to_id("<|im_end|>")]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyinfra import state
 from pyinfra.api.state import BaseStateCallback
 
-from m3deploy.deploy.context import InvalidPlan
+from m3deploy.deploy.context import HostsFailed
 
 FIX = 'see docs/OPERATIONS.md "Unreachable hosts"'
 
@@ -28,14 +28,15 @@ class _StopOnFailure(BaseStateCallback):
     def operation_end(st, op_hash):
         if st.failed_hosts:
             op = next(iter(st.get_op_meta(op_hash).names), op_hash)
-            raise InvalidPlan(f"{_names(st.failed_hosts)} failed at {op!r} (its error is above); the deploy stops here, "
+            raise HostsFailed(f"{_names(st.failed_hosts)} failed at {op!r} (its error is above); the deploy stops "
+                              "here, "
                               "the other hosts are as the completed operations left them. Fix: correct the cause "
                               f"and run the deploy again (hosts already right report no change); {FIX}")
 
 
 def stop_on_unreachable_or_failed_hosts() -> None:
     if state.failed_hosts:
-        raise InvalidPlan(f"cannot reach {_names(state.failed_hosts)}, nothing was changed on any host. Fix: bring "
+        raise HostsFailed(f"cannot reach {_names(state.failed_hosts)}, nothing was changed on any host. Fix: bring "
                           "the host(s) back (ssh to them), or deploy the others only with `--limit` (never a part "
                           f"of a multi-host worker); {FIX}")
     if not any(isinstance(h, _StopOnFailure) for h in state.callback_handlers):

@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.operations import apt
 
 from m3deploy import facts as F
-from m3deploy.core import catalog, settings
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 
 APT_LOCK = "-o DPkg::Lock::Timeout=900"  # fresh cloud hosts run unattended-upgrades at boot
@@ -29,9 +29,10 @@ def _os_list(supported) -> str:
     return "; ".join(f"{n.capitalize()} " + " and ".join(sorted(v for i, v in supported if i == n)) for n in names)
 
 
-def cuda_repo_url(os_: dict) -> str:
-    """NVIDIA's CUDA apt repository for this host (m3_nvidia_repo_url overrides, e.g. a local mirror)."""
-    url = settings.get(host.data, "m3_nvidia_repo_url")
+def cuda_repo_url(hp, os_: dict) -> str:
+    """NVIDIA's CUDA apt repository for this host (the plan's driver.repo_url, m3_nvidia_repo_url: e.g. a local
+    mirror, else NVIDIA's for the host's Ubuntu release and arch)."""
+    url = hp.driver.repo_url
     if url:
         return url.rstrip("/") + "/"
     distro = "ubuntu" + os_["version_id"].replace(".", "")
@@ -39,19 +40,9 @@ def cuda_repo_url(os_: dict) -> str:
     return f"https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
 
 
-def ensure_cuda_repo(os_: dict) -> bool:
+def ensure_cuda_repo(hp, os_: dict) -> bool:
     """Add NVIDIA's apt repository (cuda-keyring) unless installed. True when apt needs an update."""
     if "cuda-keyring" in host.get_fact(F.NvidiaPackages):
         return False
-    apt.deb(name="Install NVIDIA's CUDA apt repository (cuda-keyring)", src=cuda_repo_url(os_) + CUDA_KEYRING)
+    apt.deb(name="Install NVIDIA's CUDA apt repository (cuda-keyring)", src=cuda_repo_url(hp, os_) + CUDA_KEYRING)
     return True
-
-
-def version_tuple(v: str) -> tuple[int, ...]:
-    out = []
-    for part in (v or "").split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)

@@ -52,8 +52,8 @@ def _changed() -> set[str]:
 
 
 def mode(cp) -> tuple[str, int]:
-    st = dict(cp.settings)
-    return str(st.get("m3_rollout", "rolling")), int(st.get("m3_rollout_max_unavailable", 1))
+    """(m3_rollout, m3_rollout_max_unavailable) as the plan resolved them (their defaults: core.settings)."""
+    return str(cp.setting("m3_rollout")), int(cp.setting("m3_rollout_max_unavailable"))
 
 
 def _run(host_name: str, cmd: str) -> tuple[bool, str]:

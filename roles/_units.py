@@ -16,12 +16,20 @@ from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy.check import readiness as _readiness
-from m3deploy.core.model import ClusterPlan, HostPlan, Service
-from m3deploy.deploy import hostfiles
-from m3deploy.deploy.hostfiles import (M3_HOME, M3_USER, UNIT_DIR, HostFile, restart_s,  # noqa: F401 (roles use them)
-                                       stop_timeout_s, timeout_start_s, unit_path)
 from m3deploy.controller.secrets import api_key, ensure_secrets
 from m3deploy.core.build import API_KEY_SECRET
+from m3deploy.core.model import ClusterPlan, HostPlan, Service
+from m3deploy.deploy import hostfiles
+from m3deploy.deploy.hostfiles import (  # noqa: F401 (roles use them)
+    M3_HOME,
+    M3_USER,
+    UNIT_DIR,
+    HostFile,
+    restart_s,
+    stop_timeout_s,
+    timeout_start_s,
+    unit_path,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -310,7 +318,7 @@ def barrier():
     """An operation without commands: pyinfra runs it on every host before any later operation, and it
     never counts as a change."""
     return
-    yield  # noqa: unreachable - makes this a generator, as pyinfra operations are
+    yield  # unreachable: makes this a generator, as pyinfra operations are
 
 
 def journal_tail(unit: str, lines: int = 40):

@@ -4,8 +4,10 @@ Reads (through m3deploy.deploy.context): cluster_plan().dynamo_version, .venv, .
 .served_model_name; host_plan().services (only hosts with a native frontend/worker get the venv;
 only hosts with a mocker worker get the model dir).
 
-The controller builds the wheelhouse once, before any host's work (m3deploy.deploy.context -> m3deploy.controller.prepare;
-published under ~/.cache/m3deploy/wheelhouse/dynamo-<v>/<digest>/, `current` points at it). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/;
+The controller builds the wheelhouse once, before any host's work (m3deploy.deploy.context ->
+m3deploy.controller.prepare;
+published under ~/.cache/m3deploy/wheelhouse/dynamo-<v>/<digest>/, `current` points at it). On a host it lives in
+/opt/m3/wheelhouse/dynamo-<v>/;
 the host's copy is compared by one fact (sha256 of its SHA256SUMS): when equal nothing is sent.
 After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt only when its
 stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
@@ -18,9 +20,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server
 
-from m3deploy.controller import artifacts
-
-from m3deploy.controller import mockmodel
+from m3deploy.controller import artifacts, mockmodel
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT  # noqa: F401 (teardown reads them here too)
 from roles import _units as u
@@ -82,7 +82,8 @@ def _ship_mock_model(cp, hp):
     """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir."""
     if any(s.kind == "worker" for s in hp.services) and cp.engine == "mocker":
         if not cp.model_dir:
-            raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: <m3_state_dir>/models/mock-minimax-m3)")
+            raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: "
+                          "<m3_state_dir>/models/mock-minimax-m3)")
         model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)
         u.put_dir(name=f"Ship the mock model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
                   names=tuple(mockmodel.FILES))

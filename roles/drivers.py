@@ -1,15 +1,12 @@
 """GPU drivers: NVIDIA (vendor CUDA apt repo, driver pinned to a branch, fabric manager on HGX, IMEX on
-GB200: the platform's catalog `fabric:`) or AMD (amdgpu-install, the catalog's ROCm, render/video groups). Skips whatever is already right and
+GB200: the platform's catalog `fabric:`) or AMD (amdgpu-install, the catalog's ROCm, render/video groups). Skips
+whatever is already right and
 reboots only when allowed; otherwise fails the host with a message naming it.
 
-Reads host_plan(): gpu_vendor, gpus, platform; cluster_plan().hosts (IMEX peers). Data keys:
-- m3_nvidia_driver_branch, m3_nvidia_driver_flavor (default: catalog.yaml `vendors.nvidia`: 580, open)
-- m3_nvidia_repo_url (default NVIDIA's CUDA repo for the host's Ubuntu release and arch)
-- m3_fabric_manager, m3_imex (default: what the platform's catalog `fabric:` runs: `fabrics:` in catalog.yaml)
-- m3_rocm_version (default: catalog.yaml `vendors.amd.rocm`), m3_amdgpu_install_deb (URL of amdgpu-install's
-  .deb), m3_amdgpu_usecase, m3_gpu_users (users to add to render + video)
-- m3_allow_reboot
-Defaults and docs of every key: m3deploy.core.settings.
+Reads host_plan(): gpu_vendor, gpus, platform and `driver` (core.model.DriverPlan: branch, flavor, fabric
+manager, IMEX, CUDA repo, ROCm, amdgpu-install, GPU users, reboot; the plan derives it from the m3_nvidia_*,
+m3_rocm_version, m3_amdgpu_*, m3_gpu_users and m3_allow_reboot keys, else catalog.yaml `vendors:` and the
+platform's `fabric:`; preflight checks the same section); cluster_plan().hosts (IMEX peers).
 """
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
 from m3deploy import facts as F
-from m3deploy.core import catalog, settings
+from m3deploy.core.catalog import version_tuple
 from roles import _gpu
 
 IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
@@ -37,45 +34,34 @@ def deploy_drivers():
         return
     if hp.gpu_vendor == "nvidia":
         installing = _install_nvidia(hp)
-        _reboot_if_needed(installing, "nvidia-smi -L")
+        _reboot_if_needed(hp, installing, "nvidia-smi -L")
         _nvidia_services(hp, installing)
     else:
         installing = _install_rocm(hp)
-        _reboot_if_needed(installing, "amd-smi list || rocm-smi")
-
-
-def _fabric_manager(hp) -> bool:
-    v = settings.get(host.data, "m3_fabric_manager")
-    return "nvidia-fabricmanager" in catalog.fabric_services(hp.platform) if v is None else bool(v)
-
-
-def _imex(hp) -> bool:
-    v = settings.get(host.data, "m3_imex")
-    return "nvidia-imex" in catalog.fabric_services(hp.platform) if v is None else bool(v)
+        _reboot_if_needed(hp, installing, "amd-smi list || rocm-smi")
 
 
 def _install_nvidia(hp) -> bool:
     """Install what is missing. True when the driver itself is (re)installed in this run."""
     if host.get_fact(File, path="/etc/dgx-release"):
         return False  # DGX OS manages its own driver stack
-    nvidia = catalog.vendor("nvidia")
-    branch = str(settings.get(host.data, "m3_nvidia_driver_branch") or nvidia["driver_branch"])
-    flavor = settings.get(host.data, "m3_nvidia_driver_flavor") or nvidia["driver_flavor"]
-    driver_pkg = f"nvidia-driver-{branch}-open" if flavor == "open" else f"nvidia-driver-{branch}"
+    d = hp.driver
+    branch = d.branch
+    driver_pkg = f"nvidia-driver-{branch}-open" if d.flavor == "open" else f"nvidia-driver-{branch}"
     want = [driver_pkg]
-    if _fabric_manager(hp):
+    if d.fabric_manager:
         want.append(f"nvidia-fabricmanager-{branch}")
-    if _imex(hp):
+    if d.imex:
         want.append(f"nvidia-imex-{branch}")
     pkgs = host.get_fact(F.NvidiaPackages)
     loaded = host.get_fact(F.NvidiaDriver)["version"]
     missing = [p for p in want if p not in pkgs]
-    if driver_pkg in missing and F.nvidia_driver_branch(loaded) == int(branch):
+    if driver_pkg in missing and F.nvidia_driver_branch(loaded) == branch:
         missing.remove(driver_pkg)  # the right branch is loaded (runfile, image or DGX install): keep it
     if not missing:
         return False
     os_ = _gpu.require_ubuntu(f"install {', '.join(missing)}")
-    update = _gpu.ensure_cuda_repo(os_)
+    update = _gpu.ensure_cuda_repo(hp, os_)
     apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=update,
                  extra_install_args=_gpu.APT_LOCK)
     return driver_pkg in missing
@@ -83,13 +69,13 @@ def _install_nvidia(hp) -> bool:
 
 def _nvidia_services(hp, installing: bool) -> None:
     services = host.get_fact(F.GpuServices)
-    if _imex(hp):
+    if hp.driver.imex:
         from m3deploy.deploy import context
 
         peers = [h.address for h in context.cluster_plan().hosts if h.platform == hp.platform and h.gpus]
         files.put(name=f"Render {IMEX_NODES}", src=StringIO("\n".join(peers) + "\n"), dest=IMEX_NODES,
                   mode="644", create_remote_dir=True)
-    for name, wanted in (("nvidia-fabricmanager", _fabric_manager(hp)), ("nvidia-imex", _imex(hp))):
+    for name, wanted in (("nvidia-fabricmanager", hp.driver.fabric_manager), ("nvidia-imex", hp.driver.imex)):
         st = services.get(name) or {}
         if not wanted or (st.get("active") == "active" and st.get("enabled") == "enabled"):
             continue
@@ -98,23 +84,24 @@ def _nvidia_services(hp, installing: bool) -> None:
 
 
 def _install_rocm(hp) -> bool:
-    want = str(settings.get(host.data, "m3_rocm_version") or catalog.vendor("amd")["rocm"])
+    d = hp.driver
+    want = d.rocm
     rocm = host.get_fact(F.RocmVersion)
     devices = host.get_fact(F.AmdDevices)
     installing = False
-    if not (rocm and _gpu.version_tuple(rocm)[:2] >= _gpu.version_tuple(want)[:2] and devices["kfd"]):
+    if not (rocm and version_tuple(rocm)[:2] >= version_tuple(want)[:2] and devices["kfd"]):
         os_ = _gpu.require_ubuntu(f"install ROCm {want}")
         kernel = os_["kernel"]
         apt.deb(name=f"Install amdgpu-install {want}",
-                src=settings.get(host.data, "m3_amdgpu_install_deb") or amdgpu_install_url(want, os_["codename"]))
+                src=d.amdgpu_install_deb or amdgpu_install_url(want, os_["codename"]))
         apt.packages(name=f"Install kernel headers and extra modules for {kernel}",
                      packages=[f"linux-headers-{kernel}", f"linux-modules-extra-{kernel}"], update=True,
                      extra_install_args=_gpu.APT_LOCK)
-        usecase = settings.get(host.data, "m3_amdgpu_usecase")
+        usecase = d.amdgpu_usecase
         server.shell(name=f"Install ROCm {want} and the amdgpu driver ({usecase})",
                      commands=[f"DEBIAN_FRONTEND=noninteractive amdgpu-install -y --usecase={shlex.quote(usecase)}"])
         installing = True
-    for user in settings.get(host.data, "m3_gpu_users"):
+    for user in d.gpu_users:
         groups = host.get_fact(F.AmdDevices, user=user)["groups"]
         missing = [g for g in ("render", "video") if g not in groups]
         if missing:
@@ -125,20 +112,20 @@ def _install_rocm(hp) -> bool:
 
 def amdgpu_install_url(version: str, codename: str) -> str:
     """repo.radeon.com's amdgpu-install package: 7.2 -> .../7.2/ubuntu/noble/amdgpu-install_7.2.70200-1_all.deb."""
-    major, minor, *rest = (list(_gpu.version_tuple(version)) + [0, 0])[:3]
+    major, minor, *rest = (list(version_tuple(version)) + [0, 0])[:3]
     patch = rest[0] if rest else 0
     short = f"{major}.{minor}" + (f".{patch}" if patch else "")
     return (f"https://repo.radeon.com/amdgpu-install/{short}/ubuntu/{codename}/"
             f"amdgpu-install_{short}.{major}{minor:02d}{patch:02d}-1_all.deb")
 
 
-def _reboot_if_needed(installing: bool, check_cmd: str) -> None:
+def _reboot_if_needed(hp, installing: bool, check_cmd: str) -> None:
     reasons = list(host.get_fact(F.RebootRequired)["reasons"])
     if installing:
         reasons.append("the GPU driver is installed or changed in this run")
     if not reasons:
         return
-    if settings.get(host.data, "m3_allow_reboot"):
+    if hp.driver.allow_reboot:
         server.reboot(name="Reboot to load the GPU driver", delay=10, reboot_timeout=1200)
         server.shell(name="Check the GPU driver after the reboot", commands=[check_cmd])
         return

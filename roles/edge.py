@@ -10,8 +10,9 @@ the unit); secrets (TLS key, key hashes) from roles/_units.secrets_for.
   key or certificate rotates by a re-run).
 - `restart_frontend()` is the planned restart of a frontend behind the edge (roles/frontend.py): drain its server
   on every edge (runtime API, root-only socket), wait until no request is on it, stop it (maint), restart it, wait
-  until it is live, lists every planned worker under its running process and has each served model ready, put it back (ready) and wait until
-  every edge has it UP. Only then the next frontend (a host's frontends restart one after another).
+  until it is live, lists every planned worker under its running process and has each served model ready, put it
+  back (ready) and wait until every edge has it UP. Only then the next frontend (a host's frontends restart one
+  after another).
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, python, systemd
 from pyinfra.operations.util import any_changed
 
-from m3deploy.check import contract, rollout
 from m3deploy.check import readiness as _readiness
+from m3deploy.check import rollout
 from m3deploy.check.checks import instance_services, metrics_url
+from m3deploy.check.verify import contract
 from m3deploy.core import edge
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host

@@ -28,14 +28,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from m3deploy import facts as F
-from m3deploy.core import settings
 from m3deploy.core.errors import M3Error
 
 REMOTE_DIR = "/var/lib/m3/images"
 
 
 from m3deploy.controller.images import archive_image_id, image_archive_name  # noqa: E402  (one rule for save and load)
-
 
 DOCKERFILE = """# Built by m3deploy (roles/images.py): the engine image plus ai-dynamo {version}, offline.
 FROM {base}
@@ -80,7 +78,9 @@ def _build(svc, version: str, archive_dir):
 
     if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
         _get(svc.base_image, archive_dir)
-    target = prepare.container_target(context_platform(), host.data)  # the one prepare built before any host op
+    from m3deploy.deploy import context
+
+    target = prepare.container_target(context.host_plan())  # the one prepare built before any host op
     local = artifacts.ensure_wheelhouse(version, target=target)
     remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
     files.directory(name=f"Ensure {remote}", path=remote, mode="0700")
@@ -94,20 +94,16 @@ def _build(svc, version: str, archive_dir):
         f"rm -rf {shlex.quote(remote)}"])
 
 
-def context_platform() -> str:
-    from m3deploy.deploy import context
-
-    return context.host_plan().platform
-
-
 @deploy("Container images")
 def deploy_images():
     from m3deploy.deploy import context
 
     hp = context.host_plan()
-    archive_dir = settings.get(host.data, "m3_image_archive_dir")
+    if hp.images is None:  # no container and no GPU on this host
+        return
+    archive_dir = hp.images.archive_dir
     built = {s.image: s for s in hp.services if s.image and s.base_image}
-    always = settings.get(host.data, "m3_image_pull") == "always" and not archive_dir
+    always = hp.images.pull == "always" and not archive_dir
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         pull = always and "@sha256:" not in image and image not in built
         have = host.get_fact(F.DockerImage, image=image)

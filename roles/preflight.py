@@ -16,10 +16,9 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
-from m3deploy.core import settings
+from m3deploy.check.preflight import check_host
 from m3deploy.core.errors import M3Error
 from m3deploy.facts import gather_facts
-from m3deploy.check.preflight import check_host
 
 DRIVER_FIXES = {"driver", "reboot", "gpu-driver-loaded"}
 NEEDS_DRIVER = {"gpu-vendor", "gpu-count", "gpu-model", "gpu-mixed", "gpu-memory", "mig", "amd-devices"}
@@ -60,7 +59,7 @@ def preflight():
         with ctx_host.use(h):
             hp = context.host_plan()
             facts = gather_facts(h, hp.weights_dir or "/", gpu=hp.gpus > 0)
-            bad = fatal_checks(hp, facts, set(settings.get(h.data, "m3_preflight_ignore")))
+            bad = fatal_checks(hp, facts, set(hp.preflight_ignore))
         if bad:
             failures[h.name] = bad
 

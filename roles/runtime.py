@@ -1,5 +1,6 @@
 """Container runtime on hosts that run containers: Docker engine from the distribution's packages (GPU hosts: the
-supported Ubuntu releases; the testbed's Debian hosts with m3_runtime=docker: Debian's docker.io), and on NVIDIA GPU hosts the NVIDIA
+supported Ubuntu releases; the testbed's Debian hosts with m3_runtime=docker: Debian's docker.io), and on NVIDIA GPU
+hosts the NVIDIA
 Container Toolkit with docker's nvidia runtime (`nvidia-ctk runtime configure --runtime=docker`, only
 when /etc/docker/daemon.json lacks it) and GPU persistence mode. Skips what is already right.
 
@@ -14,7 +15,6 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
 from m3deploy import facts as F
-from m3deploy.core import settings
 from roles import _gpu
 
 
@@ -32,7 +32,7 @@ def deploy_runtime():
             _gpu.require_ubuntu("install docker")
         # without Recommends, as etcd, NATS and rsync: docker.io's are git, needrestart (restarts services on
         # upgrades: unwanted on a serving host), apparmor, cgroupfs-mount, xz-utils, ca-certificates
-        apt.packages(name="Install the Docker engine", packages=settings.get(host.data, "m3_docker_packages"),
+        apt.packages(name="Install the Docker engine", packages=list(hp.images.docker_packages),
                      update=True, cache_time=3600, no_recommends=True, extra_install_args=_gpu.APT_LOCK)
     st = services.get("docker") or {}
     if not (st.get("active") == "active" and st.get("enabled") == "enabled"):
@@ -41,7 +41,7 @@ def deploy_runtime():
         return
     if not docker["nvidia_ctk"]:
         os_ = _gpu.require_ubuntu("install the NVIDIA Container Toolkit")
-        update = _gpu.ensure_cuda_repo(os_)
+        update = _gpu.ensure_cuda_repo(hp, os_)
         apt.packages(name="Install the NVIDIA Container Toolkit", packages=["nvidia-container-toolkit"],
                      update=update, extra_install_args=_gpu.APT_LOCK)
     if not docker["nvidia_runtime"]:

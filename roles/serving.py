@@ -16,10 +16,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy.check import checks, contract, readiness, rollout
+from m3deploy.check import checks, readiness, rollout
+from m3deploy.check.verify import contract
 from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
-from m3deploy.core.inputs import url_host
 from m3deploy.deploy import context
 from roles import _units
 
@@ -60,8 +60,7 @@ def one_request(endpoint: str, model: str, timeout_s: float, api_key: str | None
 def _serving(cp):
     if cp.serving == "dynamo":
         fe = next(s for h in cp.hosts for s in h.services if s.kind == "frontend")
-        port = next(p for p in fe.ports if p.name == "http")
-        base = f"http://{url_host(port.address)}:{port.port}"
+        base = checks.frontend_url(cp, "")
         heads = {f"{h.name}/{s.name}": checks.metrics_url(h, s) for h, s in checks.instance_services(cp)}
         # each planned worker under the id of its running process: a count of entries passes with a dead or
         # replaced worker still listed (issue 12)
@@ -93,20 +92,12 @@ def _worker_ids(cp) -> dict[str, int]:
 
 def each_worker_answers(cp, timeout_s: float = 60) -> str:
     """Listed is not routable: one real request pinned to each worker must be answered by that worker."""
-    ids, api_key = _worker_ids(cp), secrets.api_key(cp)
+    ids = _worker_ids(cp)
+    got = readiness.answered_by_each(cp.endpoint, cp.served_model_name, ids, secrets.api_key(cp), timeout_s)
     for key, wid in ids.items():
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                got = readiness.pinned_chat(cp.endpoint, cp.served_model_name, wid, api_key=api_key)
-            except (OSError, ValueError) as e:
-                got = f"an error: {e}"
-            if got == wid:
-                break
-            if time.monotonic() >= deadline:
-                raise M3Error(f"a request pinned to {key} (instance {wid}) was answered by {got} after {timeout_s} s. "
-                              "Fix: m3deploy verify (smoke/routable); journalctl -u m3-frontend and the worker's unit")
-            time.sleep(1)
+        if got[key] != wid:
+            raise M3Error(f"a request pinned to {key} (instance {wid}) was answered by {got[key]} after {timeout_s} "
+                          "s. Fix: m3deploy verify (smoke/routable); journalctl -u m3-frontend and the worker's unit")
     return f"each of the {len(ids)} worker(s) answered a request routed to it"
 
 

@@ -3,7 +3,8 @@
 What: the host's manifest, /etc/m3/manifest.json, written by the deploy before it changed anything else
 (roles/manifest.py; m3deploy.deploy.hostfiles.manifest: `m3deploy render` shows it). Teardown stops and
 disables the units it names, removes its containers and the images m3deploy made (`m3deploy/...`: the stand-in
-engine image, Dynamo worker images built on the host; vendor images stay), its files, links and directories, purges its packages, and
+engine image, Dynamo worker images built on the host; vendor images stay), its files, links and directories, purges
+its packages, and
 removes its caches (wheelhouse, venv, mock model, weights, /var/lib/m3) unless m3_keep_caches is true: in a venv
 root only the venvs carrying m3's stamp are removed, then the root and /opt/m3 if nothing else is left in them.
 A path the deploy did not make is never deleted: every entry is confined (hostfiles.removal_problem: directories
@@ -77,7 +78,7 @@ def host_manifest(cp, hp) -> dict:
 @deploy("Tear down the MiniMax-M3 stack")
 def teardown():
     cp, hp = u.plans()
-    keep = bool(dict(cp.settings).get("m3_keep_caches", False))
+    keep = bool(cp.setting("m3_keep_caches"))
     m = host_manifest(cp, hp)
     # One idempotent command: stop/disable every unit that exists, remove containers.
     cmds = [f"for x in {' '.join(map(shlex.quote, m['units']))}; do systemctl disable --now \"$x\" 2>/dev/null "

@@ -50,7 +50,7 @@ from pyinfra.operations import apt, files, server
 
 from m3deploy.check import hfcache
 from m3deploy.controller.secrets import require_private
-from m3deploy.core import fanout, settings
+from m3deploy.core import fanout
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
 
@@ -59,11 +59,12 @@ CONTAINER_CACHE = "/root/.cache/huggingface"
 CONTAINER_TOKEN = "/run/secrets/hf_token"
 
 
-def controller_token() -> str | None:
-    """HF_TOKEN from the controller's environment, else the m3_hf_token_file (0600), else None."""
+def controller_token(hp) -> str | None:
+    """HF_TOKEN from the controller's environment, else the plan's weights.token_file (m3_hf_token_file, 0600),
+    else None."""
     if os.environ.get("HF_TOKEN"):
         return os.environ["HF_TOKEN"].strip()
-    path = host.data.get("m3_hf_token_file")
+    path = hp.weights.token_file
     if not path:
         return None
     p = Path(path).expanduser()
@@ -83,7 +84,7 @@ def deploy_weights():
     cp = context.cluster_plan()
     if not _has_weights(hp) or not cp.model_repos:
         return
-    kind, mirror = fanout.parse_source(settings.get(host.data, "m3_weights_source"))
+    kind, mirror = fanout.parse_source(cp.setting("m3_weights_source"))
     if kind == "shared" and hp.name != _weights_hosts(cp)[0].name:
         return
     if kind in ("hub", "shared") or (kind == "mirror" and hp.name == mirror):
@@ -106,14 +107,14 @@ def _download(hp, cp):
     if not todo:
         return
     image = next((s.image for s in hp.services if s.kind == "worker" and s.image), "")
-    mode = settings.get(host.data, "m3_weights_download") or ("image" if image else "host")
-    token = controller_token()
+    mode = hp.weights.download
+    token = controller_token(hp)
     files.directory(name=f"Create {hp.weights_dir}", path=hp.weights_dir, mode="755")
     if token:
         files.directory(name="Create /etc/m3", path="/etc/m3", user="root", group="root", mode="700")
         files.put(name=f"Upload the Hugging Face token to {TOKEN_PATH} (0600)", src=StringIO(token + "\n"),
                   dest=TOKEN_PATH, user="root", group="root", mode="600")
-    verify = settings.get(host.data, "m3_weights_verify")
+    verify = hp.weights.verify
     if mode == "image":
         if not image:
             raise M3Error(f"host {hp.name}: m3_weights_download is 'image' but no worker on it has an image. "
@@ -122,7 +123,7 @@ def _download(hp, cp):
         hf = (f"docker run --rm --network=host -v {shlex.quote(hp.weights_dir)}:{CONTAINER_CACHE} {secret}"
               f"--entrypoint hf {shlex.quote(image)}")
     else:
-        cli = settings.get(host.data, "m3_hf_cli") or (f"{cp.venv}/bin/hf" if cp.venv else "hf")
+        cli = hp.weights.hf_cli
         hf = (f"HF_HOME={shlex.quote(hp.weights_dir)} " + (f"HF_TOKEN_PATH={TOKEN_PATH} " if token else "")
               + shlex.quote(cli))
     for r in todo:
@@ -236,13 +237,13 @@ def weights_round(transfers=()):
         yield t
 
 
-def _controller_hub(data) -> Path:
+def _controller_hub(cp) -> Path:
     from m3deploy.controller.artifacts import cache_root
 
-    cache = settings.get(data, "m3_weights_controller_cache")
+    cache = cp.setting("m3_weights_controller_cache")
     if cache:
         return Path(cache).expanduser() / "hub"
-    if settings.get(data, "m3_mock_repo_mb"):
+    if cp.setting("m3_mock_repo_mb"):
         return cache_root() / "mock-hf" / "hub"  # mock repos never land in the user's own HF cache
     return Path(os.environ.get("HF_HOME") or Path("~/.cache/huggingface").expanduser()) / "hub"
 
@@ -251,7 +252,7 @@ _staged_lock = threading.Lock()
 _fanout_lock = threading.Lock()
 
 
-def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
+def _controller_repos(cp) -> dict[str, tuple[str, str, list[str]]]:
     """repo -> (its folder in the controller's hub cache, commit, the rsync filter sending only that commit):
     each repo downloaded or built once, then checked complete against its safetensors index. Memoised per run
     (every host's greenlet asks)."""
@@ -259,8 +260,8 @@ def _controller_repos(cp, data) -> dict[str, tuple[str, str, list[str]]]:
         memo = getattr(state, "_m3_controller_repos", None)
         if memo is not None:
             return memo
-        hub = _controller_hub(data)
-        mb = settings.get(data, "m3_mock_repo_mb")
+        hub = _controller_hub(cp)
+        mb = cp.setting("m3_mock_repo_mb")
         out = {}
         for r in cp.model_repos:
             if mb:
@@ -292,7 +293,7 @@ def _hub_download(hub: Path, r) -> None:
                       "Fix: pip install huggingface_hub") from e
     with locked(hub / ".locks" / hfcache.repo_folder(hub, r.repo).name / "m3deploy-stage", f"downloading {r.repo}"):
         host.log(f"downloading {r.repo} into the controller's cache {hub} (resumable)")
-        snapshot_download(r.repo, revision=r.revision, cache_dir=str(hub), token=controller_token())
+        snapshot_download(r.repo, revision=r.revision, cache_dir=str(hub), token=controller_token(context.host_plan()))
 
 
 def _plan(cp, root: str) -> dict:
@@ -306,8 +307,8 @@ def _plan(cp, root: str) -> dict:
 
 def _compute_plan(cp, root: str) -> dict:
     hosts = [h for h in _weights_hosts(cp) if h.name != root]
-    repos = _controller_repos(cp, host.data) if root == fanout.CONTROLLER else {}
-    degree = settings.get(host.data, "m3_weights_fanout")
+    repos = _controller_repos(cp) if root == fanout.CONTROLLER else {}
+    degree = cp.setting("m3_weights_fanout")
     per_repo, markers = {}, {}
     for r in cp.model_repos:
         commit = repos.get(r.repo, ("", "", []))[1]

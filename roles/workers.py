@@ -19,7 +19,8 @@ from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import hostfiles
-from roles import _rollout, _units as u
+from roles import _rollout
+from roles import _units as u
 from roles.images import image_changed
 
 

@@ -1,31 +1,25 @@
 """What every verification shares: a Check and its Result, SSH to the hosts, parsers of what the hosts and the
 frontend answer, the run Context, and the plan lookups (frontend, instances, metrics URLs). m3deploy.check.verify
-builds the checks from them; m3deploy.check.smoke its requests.
+builds the checks from them; m3deploy.check.verify.smoke its requests.
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
-
-import click
 
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
-from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
+from m3deploy.core.model import ClusterPlan, HostPlan, Service
 
 WILDCARDS = ("0.0.0.0", "::", "*")
 GROUPS = ("unit", "port", "file", "secrets", "health", "instances", "smoke", "metrics")
@@ -365,7 +359,7 @@ def frontend_url(plan: ClusterPlan, path: str) -> str:
     if fe is None:
         return ""
     h, s = fe
-    p = next(p for p in s.ports if p.name == "http")
+    p = s.port("http")
     return f"http://{_url_host(h, p.address)}:{p.port}{path}"
 
 
@@ -380,11 +374,12 @@ def instance_services(plan: ClusterPlan) -> list[tuple[HostPlan, Service]]:
 
 
 def system_port(h: HostPlan, s: Service) -> int | None:
-    return next((p.port for p in s.ports if p.name == "system"), None)
+    p = s.port("system")
+    return p.port if p else None
 
 
 def metrics_url(h: HostPlan, s: Service) -> str:
-    p = next((p for p in s.ports if p.name == "system"), None)
+    p = s.port("system")
     return f"http://{_url_host(h, p.address)}:{p.port}/metrics" if p else ""
 
 

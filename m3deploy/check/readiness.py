@@ -1,6 +1,6 @@
 """Poll a service's Readiness from the controller (pure Python, no pyinfra): never sleep-and-hope.
 
-`wait_ready(readiness, what=..., logs=callable)` polls an http or tcp check every
+`wait_ready(readiness, what=..., logs=callable)` polls an http check every
 `interval_s` until it passes or `timeout_s` runs out; on failure it raises NotReady (an M3Error)
 naming the check, the last observation and the unit's last journal lines (fetched by `logs()`,
 e.g. over the pyinfra connection: roles pass a function that runs `journalctl -u UNIT -n 40`).
@@ -10,7 +10,6 @@ Also `wait_instances()`: the Dynamo frontend's /health lists at least N `generat
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -76,15 +75,7 @@ def check_http(r: Readiness, timeout: float = 5.0) -> Result:
     return Result(True, f"GET {r.url}: HTTP {status}")
 
 
-def check_tcp(r: Readiness, timeout: float = 3.0) -> Result:
-    try:
-        with socket.create_connection((r.address, r.port), timeout=timeout):
-            return Result(True, f"tcp {r.address}:{r.port} accepts")
-    except OSError as e:
-        return Result(False, f"tcp {r.address}:{r.port}: {e.strerror or e}")
-
-
-CHECKS = {"http": check_http, "tcp": check_tcp}
+CHECKS = {"http": check_http}
 
 
 def check_once(r: Readiness) -> Result:
@@ -99,8 +90,6 @@ def describe(r: Readiness) -> str:
     if r.kind == "http":
         extra = "".join(f" and {k}={v}" for k, v in r.expect_json)
         return f"GET {r.url} answers {r.expect_status}{extra}"
-    if r.kind == "tcp":
-        return f"{r.address}:{r.port} accepts TCP"
     return r.kind
 
 
@@ -217,3 +206,24 @@ def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         doc = json.loads(resp.read())
     return ((doc.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+
+
+def answered_by_each(endpoint: str, model: str, ids: dict[str, int], api_key: str | None = None,
+                     timeout_s: float = 0.0) -> dict[str, int | str | None]:
+    """Listed is not routable: one real chat request pinned to each worker ({"host/service": Dynamo instance
+    id}) -> {key: the instance that answered, or the error}; each retried until its own worker answers or
+    `timeout_s` passes (0: once). The one check of the deploy's last gate (roles/serving.py) and of
+    `m3deploy verify`'s smoke/routable (check/verify/contract.py)."""
+    out: dict[str, int | str | None] = {}
+    for key, wid in ids.items():
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got: int | str | None = pinned_chat(endpoint, model, wid, api_key=api_key)
+            except (OSError, ValueError) as e:
+                got = f"an error: {e}"
+            if got == wid or time.monotonic() >= deadline:
+                break
+            time.sleep(1)
+        out[key] = got
+    return out

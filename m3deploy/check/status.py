@@ -137,7 +137,8 @@ def _ids_registered(plan: ClusterPlan) -> set[int] | None:
     from m3deploy.check.checks import generate_instances
 
     try:
-        return {int(i.get("instance_id")) for i in generate_instances(json.loads(body)) if i.get("instance_id") is not None}
+        return {int(i.get("instance_id")) for i in generate_instances(json.loads(body))
+                if i.get("instance_id") is not None}
     except (ValueError, TypeError, AttributeError):
         return None
 
@@ -186,8 +187,9 @@ def _control_direct(plan: ClusterPlan) -> list[ServiceRow]:
                 mon = next(p for p in s.ports if p.name == "monitor")
                 try:
                     v = json.loads(_try(f"http://{url_host(mon.address)}:{mon.port}/varz") or "{}")
-                    detail = f"{v.get('connections', '?')} connection(s), {len(v.get('cluster', {}).get('urls') or [])}"\
-                             f" route(s), slow consumers {v.get('slow_consumers', '?')}"
+                    routes = len(v.get("cluster", {}).get("urls") or [])
+                    detail = (f"{v.get('connections', '?')} connection(s), {routes} route(s), slow consumers "
+                              f"{v.get('slow_consumers', '?')}")
                 except ValueError:
                     pass
             elif s.kind == "frontend" and up:
@@ -203,7 +205,8 @@ _PREV: dict[tuple[str, str], tuple[float, float]] = {}  # direct mode: (host, se
 def _direct(plan: ClusterPlan, notes: list[str]) -> Snapshot:
     snap = Snapshot(plan.name, "direct /metrics", time.time(), notes=notes)
     pairs = instance_services(plan)
-    urls = {(t.host, t.service): f"http://{t.address}{t.path}" for t in M.targets(plan) if t.job in ("worker", "engine")}
+    urls = {(t.host, t.service): f"http://{t.address}{t.path}" for t in M.targets(plan)
+            if t.job in ("worker", "engine")}
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as ex:  # a standalone engine: its HTTP /metrics
         texts = list(ex.map(lambda hs: _try(metrics_url(*hs) or urls.get((hs[0].name, hs[1].name), "")), pairs))
     registered = _ids_registered(plan)
@@ -316,7 +319,8 @@ def render(snap: Snapshot):
                 "KV", "restarts", "uptime"):
         t.add_column(col, justify="right" if col not in ("host/service", "pool", "up", "routable") else "left")
     for w in snap.workers:
-        up = "[green]up[/]" if w.up else ("[bold red]HOST DOWN[/]" if w.host in snap.hosts_down else "[bold red]down[/]")
+        down = "[bold red]HOST DOWN[/]" if w.host in snap.hosts_down else "[bold red]down[/]"
+        up = "[green]up[/]" if w.up else down
         rt = "-" if w.routable is None else ("[green]yes[/]" if w.routable else "[bold red]no[/]")
         t.add_row(str(w.worker), f"{w.host}/{w.service}", w.pool, up, rt, _f(w.inflight, ".0f"), _f(w.rps, ".2f"),
                   _f(w.ttft_p50_s, ".0f", 1000) + (" ms" if w.ttft_p50_s is not None else ""),

@@ -22,19 +22,25 @@ def _parse_data(items) -> dict:
     return out
 
 
-def load_plan(inventory: str, data=(), facts: bool = True):
-    """Build the plan; with `facts`, complete multi-host networking env from the facts `m3deploy preflight`
-    last saved for this cluster (m3deploy.controller.factcache)."""
-    from pathlib import Path
-
+def load(inventory: str, data=(), facts: bool = True):
+    """(hosts, plan): the one loader of every command. The inventory file (and --data) read once, the plan built
+    by m3deploy.core.build (which names the cluster: m3_cluster, else the file's name). With `facts`, multi-host
+    networking env is completed from the facts `m3deploy preflight` last saved for this cluster
+    (m3deploy.controller.factcache); `plan`, `render`, `validate` and `save-images` use them, the commands that
+    check or use a deployed cluster (`verify`, `bench`, `preflight`, `artifacts`) do not."""
     from m3deploy.controller import factcache
     from m3deploy.core.build import build
     from m3deploy.core.inventory import cluster_name, load_inventory
 
     hosts = load_inventory(inventory, override_data=_parse_data(data))
-    name = cluster_name(hosts, Path(inventory).stem)
+    name = cluster_name(hosts, inventory)
     cached = factcache.network_facts(name) if facts and factcache.path(name).exists() else {}
-    return build(hosts, name=name, facts=cached)
+    return hosts, build(hosts, name=inventory, facts=cached)
+
+
+def load_plan(inventory: str, data=(), facts: bool = True):
+    """The plan of `load`."""
+    return load(inventory, data, facts)[1]
 
 
 def fail(e: Exception) -> None:
@@ -143,11 +149,12 @@ def render_text(p, only_host=None, explain=False) -> str:
             rd = s.readiness
             ready = ""
             if rd:
-                ready = {"http": f"GET {rd.url}", "tcp": f"tcp {rd.address}:{rd.port}",
+                ready = {"http": f"GET {rd.url}",
                          "process": "unit active"}.get(rd.kind, rd.kind) + f" within {rd.timeout_s}s"
             out.append(f"### {s.unit}  ({s.kind}{', rank %d/%d' % (s.rank, s.nnodes) if s.nnodes > 1 else ''})")
             if s.image:
-                out.append(f"# image: {s.image}" + (f" (built FROM {s.base_image} + ai-dynamo wheels)" if s.base_image else ""))
+                built = f" (built FROM {s.base_image} + ai-dynamo wheels)" if s.base_image else ""
+                out.append(f"# image: {s.image}{built}")
             if ports:
                 out.append(f"# ports: {ports}")
             if ready:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import click
 
-from m3deploy.cli import _parse_data, fail
+from m3deploy.cli import fail, load
 from m3deploy.controller import prepare
-from m3deploy.core import build as planmod
-from m3deploy.core import inventory as inventory_mod
 from m3deploy.core.errors import M3Error
 
 
@@ -30,10 +27,8 @@ def artifacts(inventory, check_only, source, save_images, data):
     beside a deploy: each artifact is built under a lock and published atomically. A deploy builds the same
     list itself before its first operation; this command does it ahead of time (or checks it)."""
     try:
-        hosts = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
-        p = planmod.build(hosts, name=inventory_mod.cluster_name(hosts, Path(inventory).stem))
-        by_name = {h.name: h.data for h in hosts}
-        todo = prepare.needs(p, data_of=lambda n: by_name.get(n, {}))
+        p = load(inventory, data, facts=False)[1]
+        todo = prepare.needs(p)
     except M3Error as e:
         fail(e)
     if not todo:

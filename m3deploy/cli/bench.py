@@ -10,9 +10,7 @@ from pathlib import Path
 import click
 
 from m3deploy.check import bench as B
-from m3deploy.cli import _parse_data, fail
-from m3deploy.core import inventory as inventory_mod
-from m3deploy.core.build import build
+from m3deploy.cli import fail, load
 from m3deploy.core.errors import M3Error
 
 
@@ -49,8 +47,7 @@ def bench(inventory, profile, input_len, output_len, num_prompts, concurrency, e
 
     console = Console(stderr=True)
     try:
-        inv = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
-        plan = build(inv, name=inventory_mod.cluster_name(inv, Path(inventory).stem))
+        inv, plan = load(inventory, data, facts=False)
         w = B.workload(profile, input_len, output_len, num_prompts, concurrency, endpoint)
         who = B.default_client(plan) if client == "auto" else client
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

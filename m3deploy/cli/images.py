@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from m3deploy.cli import fail, load_plan
+from m3deploy.cli import fail, load
 from m3deploy.controller import prepare
 from m3deploy.controller.images import images_to_save, save
 from m3deploy.core.errors import M3Error
@@ -21,10 +21,9 @@ def save_images(inventory, directory, force, data):
     """Pull (or, for m3deploy's own images, build) and `docker save` every image the plan runs into DIRECTORY,
     for air-gapped hosts."""
     try:
-        plan = load_plan(inventory, data=data)
+        plan = load(inventory, data)[1]
         images = images_to_save(plan)
-        data_of = _data_of(inventory, data)
-        for need in prepare.needs(plan, data_of):
+        for need in prepare.needs(plan):
             if need.kind == "sim-image":  # the stand-in engine image is built here, not pulled
                 prepare.ensure(need, log=click.echo)
         if not images:
@@ -37,10 +36,3 @@ def save_images(inventory, directory, force, data):
     click.echo(f"saved {len(images)} image(s) to {directory}. Deploy with:\n  pyinfra -y {inventory} deploy.py{extra} "
                f"--data m3_image_archive_dir={Path(directory).resolve()}", file=sys.stdout)
 
-
-def _data_of(inventory, data):
-    from m3deploy.cli import _parse_data
-    from m3deploy.core.inventory import load_inventory
-
-    hosts = {h.name: h.data for h in load_inventory(inventory, override_data=_parse_data(data))}
-    return lambda name: hosts.get(name) or {}

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from m3deploy.check.preflight import load_plan, render_report, report_json, run_preflight
+from m3deploy.check.preflight import pyinfra_inventory, render_report, report_json, run_preflight
+from m3deploy.cli import load
 from m3deploy.core.errors import M3Error
 
 
@@ -18,7 +19,8 @@ from m3deploy.core.errors import M3Error
 def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool) -> None:
     """Gather facts from every host and check them against the plan. Changes nothing."""
     try:
-        inv, cluster = load_plan(inventory)
+        _, cluster = load(inventory, facts=False)
+        inv = pyinfra_inventory(inventory)
         report = run_preflight(inv, cluster, hosts, nccl)
     except M3Error as e:
         raise click.ClickException(str(e)) from e

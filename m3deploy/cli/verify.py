@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import click
 
 from m3deploy.check import verify as V
-from m3deploy.cli import _parse_data, fail
-from m3deploy.core import build as planmod
-from m3deploy.core import inventory as inventory_mod
+from m3deploy.cli import fail, load
 from m3deploy.core.errors import M3Error
 
 
@@ -29,8 +26,7 @@ def verify(inventory, only_host, skip_smoke, report, as_json, data):
     from rich.console import Console
 
     try:
-        inv = inventory_mod.load_inventory(inventory, override_data=_parse_data(data))
-        plan = planmod.build(inv, name=Path(inventory).stem)
+        inv, plan = load(inventory, data, facts=False)
         checks = V.all_checks(plan, inv, only_host, smoke=not skip_smoke)
         ctx = V.Context(plan, inv)  # reads m3_api_key_file: a missing or readable-by-others file stops here
     except M3Error as e:

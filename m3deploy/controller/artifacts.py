@@ -97,11 +97,6 @@ def wheelhouse_dir(version: str, target: Target = HOSTS) -> Path:
     return cache_root() / "wheelhouse" / f"dynamo-{version}{target.suffix}"
 
 
-def venv_path(version: str) -> str:
-    """Where hosts get the versioned venv (the plan's `venv` normally says this)."""
-    return f"/opt/m3/dynamo-{version}"
-
-
 # ---------------------------------------------------------------- manifest
 
 def sha256_file(path: Path) -> str:

@@ -1,6 +1,7 @@
 """What the controller must hold before any host's work starts, for one plan, and making it so once.
 
-A deploy needs, on the controller (m3deploy.controller.artifacts, m3deploy.controller.mockmodel, m3deploy.controller.images):
+A deploy needs, on the controller (m3deploy.controller.artifacts, m3deploy.controller.mockmodel,
+m3deploy.controller.images):
 - the ai-dynamo wheelhouse for the hosts' Python (hosts running a native frontend or mocker worker);
 - one wheelhouse per engine container's Python and CPU where a host builds a Dynamo worker image
   (`m3_container_python`, default 3.12; the platform's `arch` in the catalog);
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
 
 from m3deploy.controller import artifacts
-from m3deploy.core import catalog, settings
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.core.simengine import SIM_IMAGE
 
@@ -37,16 +37,17 @@ class Need:
     venv: str = ""
 
 
-def container_target(platform: str, data: Mapping[str, Any], platforms=None) -> artifacts.Target:
+def container_target(hp, platforms=None) -> artifacts.Target:
     """The Python and CPU of a host's engine container, for which its Dynamo worker image's wheelhouse is built
-    (`m3_container_python`; the platform's `arch` in the catalog). roles/images.py reads the same answer."""
+    (the plan's images.container_python; the platform's `arch` in the catalog). roles/images.py reads the same
+    answer."""
     if platforms is None:
         platforms = catalog.catalog()["platforms"]
-    return artifacts.Target.container(str(settings.get(data, "m3_container_python")),
-                                      platforms.get(platform, {}).get("arch", "x86_64"))
+    return artifacts.Target.container(hp.images.container_python,
+                                      platforms.get(hp.platform, {}).get("arch", "x86_64"))
 
 
-def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -> list[Need]:
+def needs(plan) -> list[Need]:
     """Every controller artifact a deploy of `plan` reads, in build order (nothing for a teardown)."""
     if plan.state == "absent":
         return []
@@ -56,20 +57,18 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
     mocker: list[str] = []
     sim: dict[tuple[str, str], list[str]] = {}
     for h in plan.hosts:
-        data = data_of(h.name) or {}
         for s in h.services:
             if s.kind in ("frontend", "worker") and not s.image:
                 wheel.setdefault(artifacts.HOSTS, []).append(h.name)
             if s.kind == "worker" and plan.engine == "mocker":
                 mocker.append(h.name)
             if s.image and s.image.startswith(SIM_IMAGE + ":"):
-                sim.setdefault((s.image, str(settings.get(data, "m3_sim_image_rootfs") or "")), []).append(h.name)
+                sim.setdefault((s.image, h.images.sim_rootfs), []).append(h.name)
             if s.image and s.base_image:
-                target = container_target(h.platform, data, platforms)
+                target = container_target(h, platforms)
                 wheel.setdefault(target, []).append(h.name)
-            archive_dir = settings.get(data, "m3_image_archive_dir")
-            if s.image and archive_dir:
-                archives.setdefault((s.base_image or s.image, str(archive_dir)), []).append(h.name)
+            if s.image and h.images.archive_dir:
+                archives.setdefault((s.base_image or s.image, h.images.archive_dir), []).append(h.name)
     out = []
     for target, hosts in wheel.items():
         if not plan.dynamo_version:
@@ -87,7 +86,8 @@ def needs(plan, data_of: Callable[[str], Mapping[str, Any]] = lambda name: {}) -
                         served_name=name))
     for (image, rootfs), hosts in sim.items():
         out.append(Need("sim-image", f"stand-in engine image {image} (docker, on the controller)",
-                        tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs, venv=plan.venv))
+                        tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs,
+                        venv=plan.venv))
     for (image, archive_dir), hosts in archives.items():
         out.append(Need("image-archive", f"docker save archive of {image}", tuple(dict.fromkeys(hosts)),
                         image=image, archive_dir=archive_dir))
@@ -149,6 +149,6 @@ def ensure(need: Need, log=None, source: str | None = None, save_images: bool = 
     return tar
 
 
-def ensure_all(plan, data_of=lambda name: {}, log=None) -> dict[Need, Path]:
+def ensure_all(plan, log=None) -> dict[Need, Path]:
     """What deploy.py runs once before any host's operations."""
-    return {n: ensure(n, log=log) for n in needs(plan, data_of)}
+    return {n: ensure(n, log=log) for n in needs(plan)}

@@ -63,7 +63,8 @@ def read_api_keys(path: str, several: bool = False) -> list[str]:
                       f"the edge (m3_edge = true). {API_KEY_FIX}")
     bad = [i + 1 for i, k in enumerate(keys) if not re.fullmatch(r"[!-~]+", k)]
     if bad:
-        raise M3Error(f"{where} has line(s) {', '.join(map(str, bad))} holding spaces or control characters (values not "
+        lines = ", ".join(map(str, bad))
+        raise M3Error(f"{where} has line(s) {lines} holding spaces or control characters (values not "
                       f"shown); clients send a key as `Authorization: Bearer KEY`. {API_KEY_FIX}")
     return keys
 
@@ -149,7 +150,8 @@ def load_secrets(cluster: str) -> dict[str, str]:
 def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
     """Load the store, adding any missing secret (generated once, then reused forever).
 
-    Under the store's lock (m3deploy.controller.cachelock): two hosts' greenlets, or two processes, deploying one cluster
+    Under the store's lock (m3deploy.controller.cachelock): two hosts' greenlets, or two processes, deploying one
+    cluster
     at once must never generate two different passwords (hosts would get mismatched secrets)."""
     data = load_secrets(cluster)
     if all(n in data for n in names):

@@ -21,8 +21,19 @@ from m3deploy.core import catalog, edge, layout, monitor, recipes, repos, settin
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
-from m3deploy.core.model import (ClusterPlan, HostPlan, ModelRepo, Port, Provenance, Readiness, Service,
-                                 WorkerPlan)
+from m3deploy.core.model import (
+    ClusterPlan,
+    DriverPlan,
+    HostPlan,
+    ImagesPlan,
+    ModelRepo,
+    Port,
+    Provenance,
+    Readiness,
+    Service,
+    WeightsPlan,
+    WorkerPlan,
+)
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
@@ -36,15 +47,20 @@ API_KEY_SECRET = "api-key"
 # ---------------------------------------------------------------------------------------------- inventory
 # ---------------------------------------------------------------------------------------------- settings
 # ---------------------------------------------------------------------------------------------- build
-def build(hosts, name: str | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterPlan:
-    """Validate and build the plan. `hosts`: a list of InvHost (m3deploy.core.inventory) or an inventory path."""
+def build(hosts, name: str | os.PathLike | None = None, facts: Mapping[str, Mapping[str, Any]] | None = None,
+          ) -> ClusterPlan:
+    """Validate and build the plan: the one builder of every CLI command and of the deploy.
+
+    `hosts`: a list of InvHost (m3deploy.core.inventory) or an inventory path. `name`: the inventory file the hosts
+    came from (or a name standing for it); the cluster's name is `inventory.cluster_name`'s (m3_cluster, else the
+    file's name). `facts`: {host: {"env": ...}} networking env from the hosts' facts (with_fact_env)."""
     from m3deploy.core import validate
 
     if isinstance(hosts, (str, os.PathLike)):
         path = Path(hosts)
         hosts = load_inventory(path)
-        name = name or path.stem
-    name = cluster_name(hosts, name or "cluster")
+        name = name or path
+    name = cluster_name(hosts, name)
     problems = validate.check_inventory(hosts)
     if problems:
         raise ValidationError(problems)
@@ -62,7 +78,7 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
     """`hp` with a host's networking env from its facts (m3deploy.core.netenv) added to each multi-host worker
     rank, wherever neither the recipe, the user (m3_interface, m3_rdma_env, m3_extra_env) nor the plan set it
     (provenance "facts"). Overlaid onto the built plan: per-host facts never rebuild it."""
-    if not env or plan.engine == "mocker":
+    if not env or catalog.engines()[plan.engine].get("simulated"):
         return hp
     services = []
     for svc in hp.services:
@@ -85,7 +101,8 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
 class _Common:
     """What every service of the cluster shares: the settings and the choices derived from them."""
 
-    s: Mapping[str, Any]  # every m3_* setting (settings.DEFAULTS filled in), from the first worker
+    s: Mapping[str, Any]  # every m3_* setting (settings.cluster_settings: cluster keys from any host, the rest
+    #                       from the first worker)
     mode: str  # "tp" | "dp"
     size: int
     ep: bool
@@ -115,125 +132,191 @@ class _Rank:
 
 
 def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
-    cat = catalog.catalog()
+    """The plan, in named steps: the shared settings, the control plane, the workers laid over the hosts, the
+    scripted engine and the frontends, the endpoint, the model repos, each host's part."""
     control = [h for h in hosts if "control" in h.groups]
     workers = [h for h in hosts if "workers" in h.groups]
     ref = workers[0] if workers else hosts[0]
-    s = {k: settings.get(ref.data, k) for k in settings.DEFAULTS}
-    variant, engine, serving = s["m3_variant"], s["m3_engine"], s["m3_serving"]
-    features = settings.effective_features(s["m3_features"])
-    mode, size, ep = settings.parse_parallel(s["m3_parallel"])
-    model_id = s["m3_model_id"] or cat["variants"][variant]["model_id"]
-    served = s["m3_served_model_name"] or model_id
-    platform = settings.get(ref.data, "m3_platform") or ""
-    state_dir = s["m3_state_dir"]
-    venv = f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}"
-    model_dir = f"{state_dir}/models/mock-minimax-m3" if engine == "mocker" else s["m3_hf_cache"]
-    home = state_dir  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
     addr = {h.name: address_of(h) for h in hosts}
-
+    c = _common(ref, workers, control, addr)
+    s, engine, serving = c.s, c.s["m3_engine"], c.s["m3_serving"]
     services: dict[str, list[Service]] = {h.name: [] for h in hosts}
-    etcd_url = nats_url = ""
-    if serving == "dynamo" and control:
-        # one control host: etcd + NATS on it; 3 (validate.control_count): a 3-member etcd and a 3-node NATS
-        # cluster, one member per control host (docs/OPERATIONS.md "HA control plane")
-        members = tuple((c.name, addr[c.name]) for c in control)
-        etcd_url = ",".join(f"http://{url_host(a)}:{ETCD_CLIENT}" for _, a in members)
-        nats_url = nats_seed(addr[control[0].name])
-        for c in control:
-            services[c.name] += _control_services(c.name, addr[c.name], state_dir, bool(s["m3_auth"]), members, name)
-
-    common = _Common(s=s, mode=mode, size=size, ep=ep, features=features, model_id=model_id, served=served,
-                     etcd=etcd_url, nats=nats_url, venv=venv, model_dir=model_dir, home=home)
-    # Workers: lay engine instances over hosts.
-    gpus_per_host = {h.name: layout.gpus_per_host(h.data) for h in workers}
-    lay = layout.Layout(size, gpus_per_host[ref.name] if workers else 1)
-    span = lay.span
-    worker_plans: list[WorkerPlan] = []
-    slot_count: dict[str, int] = {h.name: 0 for h in hosts}
-    widx = 0
-    for group in lay.groups(workers):
-        for k in range(lay.per_host):
-            devices = lay.devices(k)
-            svc_names = []
-            rank0 = group[0]
-            for rank, h in enumerate(group):
-                slot = slot_count[h.name]
-                slot_count[h.name] += 1
-                svc = _worker_service(common, _Rank(
-                    idx=widx, rank=rank, nnodes=span, slot=slot, host=h, address=addr[h.name],
-                    master=addr[rank0.name], rank0_host=rank0.name, devices=devices))
-                services[h.name].append(svc)
-                svc_names.append(f"{h.name}/{svc.name}")
-            worker_plans.append(WorkerPlan(index=widx, hosts=tuple(g.name for g in group),
-                                           tensor_parallel=size if mode == "tp" else 1,
-                                           data_parallel=size if mode == "dp" else 1,
-                                           gpus_per_rank=len(devices), services=tuple(svc_names)))
-            widx += 1
-
-    if engine == "mocker" and serving == "dynamo" and worker_plans:  # the tool-call engine beside the mocker
+    if c.etcd:
+        members = tuple((x.name, addr[x.name]) for x in control)
+        for x in control:
+            services[x.name] += _control_services(x.name, addr[x.name], c.home, bool(s["m3_auth"]), members, name)
+    lay = layout.Layout(c.size, layout.gpus_per_host(ref.data) if workers else 1)
+    worker_plans, slots = _lay_workers(c, lay, workers, addr, services)
+    if catalog.engines()[engine].get("scripted") and serving == "dynamo" and worker_plans:  # tool-call engine
         h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
         worker0 = next(x for x in services[h0] if x.name == w0)
         services[h0].append(simengine.scripted_service(
-            worker0, int(s["m3_system_port"]) + slot_count[h0], model_id if worker0.image else model_dir, served, home))
+            worker0, int(s["m3_system_port"]) + slots[h0], c.model_id if worker0.image else c.model_dir, c.served,
+            c.home))
     if serving == "dynamo":
-        for c in control:
-            services[c.name].append(_frontend_service(common, c, addr[c.name]))
-            # the frontend starts after the control plane; workers after the frontend
-        fe = f"{control[0].name}/m3-frontend" if control else ""
-        for h in workers:
-            services[h.name] = [_with_after(x, (fe,)) if x.kind in ("worker", "scripted") and x.rank == 0 and fe else x
-                                for x in services[h.name]]
-        endpoint = f"http://{url_host(addr[control[0].name])}:{s['m3_frontend_port']}/v1" if control else ""
-        if edge.enabled(s) and control:  # HAProxy in front of the frontends: the endpoint is the edge's
-            endpoint = edge.apply(services, [c.name for c in control], addr, s)
+        endpoint = _frontends(c, control, workers, addr, services)
     else:
-        first = worker_plans[0].services[0] if worker_plans else ""
-        endpoint = ""
-        if first:
-            hname, sname = first.split("/")
-            port = next(p.port for p in next(x for x in services[hname] if x.name == sname).ports if p.name == "http")
-            endpoint = f"http://{url_host(addr[hname])}:{port}/v1"
-
+        endpoint = _standalone_endpoint(worker_plans, addr, services)
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
-    repo_args = catalog.engines()[engine].get("repo_args") or {}
-    model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
-                              and (engine != "mocker" or x.image)  # the docker testbed loads its staged mock repos
-                              for r in repos.worker_repos(x.argv, model_id, repo_args))
-    mock_mb = s["m3_mock_repo_mb"]  # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
-    if mock_mb and not model_repos and repos.is_repo_id(model_id):
-        model_repos = (ModelRepo(model_id, "target", "m3_mock_repo_mb"),)
-    host_plans = []
-    for h in hosts:
-        is_worker = "workers" in h.groups
-        plat = str(settings.get(h.data, "m3_platform") or "") if is_worker else ""
-        info = catalog.platform(plat) if plat else {}
-        vendor = info.get("vendor", "")
-        gpus = gpus_per_host.get(h.name, 0) if is_worker and vendor in ("nvidia", "amd") else 0
-        data = tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_")))
-        host_plans.append(HostPlan(
-            name=h.name, address=addr[h.name],
-            groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP) if g in h.groups),
-            platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
-            gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
-            gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
-            interface=str(h.data.get("m3_interface") or ""),
-            weights_dir=s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else "",
-            weights_gb=int(cat["variants"][variant]["disk_gb"]) if gpus else -(-mock_mb // 1024) if mock_mb and
-            is_worker else 0,
-            shm_min_gb=16 if gpus else 0,
-            needs_rdma=bool(is_worker and span > 1 and gpus),
-            services=tuple(services[h.name]), data=data))
-
+    model_repos = _model_repos(c, hosts, services)
+    host_plans = [_host_plan(c, h, addr[h.name], services[h.name], lay.span) for h in hosts]
     recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s)) + (
-        ("m3_features_effective", list(features)),)
+        ("m3_features_effective", list(c.features)),)
     return ClusterPlan(
-        name=name, platform=platform, variant=variant, parallel=str(s["m3_parallel"]), engine=engine,
-        serving=serving, features=features, model_id=model_id, served_model_name=served,
-        max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]), hosts=tuple(host_plans),
-        workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=etcd_url, nats_server=nats_url,
-        dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
-        venv=venv if serving == "dynamo" else "", model_dir=model_dir, model_repos=model_repos, settings=recorded)
+        name=name, platform=settings.get(ref.data, "m3_platform") or "", variant=s["m3_variant"],
+        parallel=str(s["m3_parallel"]), engine=engine, serving=serving, features=c.features, model_id=c.model_id,
+        served_model_name=c.served, max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]),
+        hosts=tuple(host_plans), workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=c.etcd,
+        nats_server=c.nats, dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
+        venv=c.venv if serving == "dynamo" else "", model_dir=c.model_dir, model_repos=model_repos,
+        settings=recorded)
+
+
+def _common(ref: InvHost, workers: list[InvHost], control: list[InvHost], addr: Mapping[str, str]) -> _Common:
+    """The settings (cluster keys from any host) and the choices every service shares."""
+    s = settings.cluster_settings(ref.data, [h.data for h in workers + control])
+    mode, size, ep = settings.parse_parallel(s["m3_parallel"])
+    model_id = s["m3_model_id"] or catalog.catalog()["variants"][s["m3_variant"]]["model_id"]
+    state_dir = s["m3_state_dir"]
+    etcd_url = nats_url = ""
+    if s["m3_serving"] == "dynamo" and control:
+        # one control host: etcd + NATS on it; 3 (validate.control_count): a 3-member etcd and a 3-node NATS
+        # cluster, one member per control host (docs/OPERATIONS.md "HA control plane")
+        etcd_url = ",".join(f"http://{url_host(addr[x.name])}:{ETCD_CLIENT}" for x in control)
+        nats_url = nats_seed(addr[control[0].name])
+    return _Common(
+        s=s, mode=mode, size=size, ep=ep, features=settings.effective_features(s["m3_features"]), model_id=model_id,
+        served=s["m3_served_model_name"] or model_id, etcd=etcd_url, nats=nats_url,
+        venv=f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}",
+        model_dir=f"{state_dir}/models/mock-minimax-m3" if catalog.engines()[s["m3_engine"]].get("simulated")
+        else s["m3_hf_cache"],
+        home=state_dir)  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
+
+
+def _lay_workers(c: _Common, lay: layout.Layout, workers: list[InvHost], addr: Mapping[str, str],
+                 services: dict[str, list[Service]]) -> tuple[list[WorkerPlan], dict[str, int]]:
+    """Lay engine instances over the worker hosts (core.layout): each rank's service added to its host's;
+    returns the workers and how many slots each host uses."""
+    worker_plans: list[WorkerPlan] = []
+    slots: dict[str, int] = {h: 0 for h in addr}
+    for group in lay.groups(workers):
+        for k in range(lay.per_host):
+            devices, svc_names, rank0, widx = lay.devices(k), [], group[0], len(worker_plans)
+            for rank, h in enumerate(group):
+                svc = _worker_service(c, _Rank(
+                    idx=widx, rank=rank, nnodes=lay.span, slot=slots[h.name], host=h, address=addr[h.name],
+                    master=addr[rank0.name], rank0_host=rank0.name, devices=devices))
+                slots[h.name] += 1
+                services[h.name].append(svc)
+                svc_names.append(f"{h.name}/{svc.name}")
+            worker_plans.append(WorkerPlan(index=widx, hosts=tuple(g.name for g in group),
+                                           tensor_parallel=c.size if c.mode == "tp" else 1,
+                                           data_parallel=c.size if c.mode == "dp" else 1,
+                                           gpus_per_rank=len(devices), services=tuple(svc_names)))
+    return worker_plans, slots
+
+
+def _frontends(c: _Common, control: list[InvHost], workers: list[InvHost], addr: Mapping[str, str],
+               services: dict[str, list[Service]]) -> str:
+    """A Dynamo frontend on every control host, after its control plane; rank 0 of each worker (and the scripted
+    engine) after the first frontend. Returns the endpoint: the first control host's frontend."""
+    for x in control:
+        services[x.name].append(_frontend_service(c, x, addr[x.name]))
+    fe = f"{control[0].name}/m3-frontend" if control else ""
+    for h in workers:
+        services[h.name] = [_with_after(x, (fe,)) if x.kind in ("worker", "scripted") and x.rank == 0 and fe else x
+                            for x in services[h.name]]
+    if not control:
+        return ""
+    if edge.enabled(c.s):  # HAProxy in front of the frontends: the endpoint is the edge's (core/edge.py)
+        return edge.apply(services, [x.name for x in control], addr, c.s)
+    return f"http://{url_host(addr[control[0].name])}:{c.s['m3_frontend_port']}/v1"
+
+
+def _standalone_endpoint(worker_plans: list[WorkerPlan], addr: Mapping[str, str],
+                         services: dict[str, list[Service]]) -> str:
+    """Standalone engines: the endpoint is worker 0's own HTTP server."""
+    if not worker_plans:
+        return ""
+    hname, sname = worker_plans[0].services[0].split("/")
+    port = next(x for x in services[hname] if x.name == sname).port("http").port
+    return f"http://{url_host(addr[hname])}:{port}/v1"
+
+
+def _model_repos(c: _Common, hosts: list[InvHost], services: dict[str, list[Service]]) -> tuple[ModelRepo, ...]:
+    """Every Hugging Face repo a worker loads (staged offline), or the testbed's mock copy of the target."""
+    rules = catalog.engines()[c.s["m3_engine"]]
+    repo_args = rules.get("repo_args") or {}
+    model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
+                              and (not rules.get("simulated") or x.image)  # the docker testbed: staged mock repos
+                              for r in repos.worker_repos(x.argv, c.model_id, repo_args))
+    # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
+    if c.s["m3_mock_repo_mb"] and not model_repos and repos.is_repo_id(c.model_id):
+        model_repos = (ModelRepo(c.model_id, "target", "m3_mock_repo_mb"),)
+    return model_repos
+
+
+def _host_plan(c: _Common, h: InvHost, address: str, services: list[Service], span: int) -> HostPlan:
+    """One host's part: its GPUs (workers), weights, driver, images, and its services in start order."""
+    s, mock_mb = c.s, c.s["m3_mock_repo_mb"]
+    is_worker = "workers" in h.groups
+    plat = str(settings.get(h.data, "m3_platform") or "") if is_worker else ""
+    info = catalog.platform(plat) if plat else {}
+    vendor = info.get("vendor", "")
+    gpus = layout.gpus_per_host(h.data) if is_worker and vendor in ("nvidia", "amd") else 0
+    weights_dir = s["m3_hf_cache"] if gpus or (mock_mb and is_worker) else ""
+    disk_gb = int(catalog.catalog()["variants"][s["m3_variant"]]["disk_gb"])
+    return HostPlan(
+        name=h.name, address=address,
+        groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP) if g in h.groups),
+        platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
+        gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
+        gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,
+        interface=str(h.data.get("m3_interface") or ""), weights_dir=weights_dir,
+        weights_gb=disk_gb if gpus else -(-mock_mb // 1024) if mock_mb and is_worker else 0,
+        shm_min_gb=16 if gpus else 0, needs_rdma=bool(is_worker and span > 1 and gpus),
+        driver=driver_plan(h.data, plat, vendor) if gpus else None,
+        images=images_plan(h.data, s["m3_image_pull"]) if gpus or any(x.image for x in services) else None,
+        weights=weights_plan(h.data, services, c.venv if s["m3_serving"] == "dynamo" else "")
+        if weights_dir else None,
+        preflight_ignore=tuple(str(x) for x in settings.get(h.data, "m3_preflight_ignore")),
+        services=tuple(services), data=tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_"))))
+
+
+def driver_plan(data: Mapping[str, Any], platform: str, vendor: str) -> DriverPlan:
+    """A GPU host's driver: its m3_* data where set, else the catalog's vendor defaults and its platform's fabric."""
+    def get(key):
+        return settings.get(data, key)
+
+    allow_reboot = bool(get("m3_allow_reboot"))
+    if vendor == "amd":
+        return DriverPlan(vendor="amd", rocm=str(get("m3_rocm_version") or catalog.vendor("amd")["rocm"]),
+                          amdgpu_install_deb=str(get("m3_amdgpu_install_deb") or ""),
+                          amdgpu_usecase=str(get("m3_amdgpu_usecase")), gpu_users=tuple(get("m3_gpu_users")),
+                          allow_reboot=allow_reboot)
+    nvidia, fabric = catalog.vendor("nvidia"), catalog.fabric_services(platform)
+    fm, imex = get("m3_fabric_manager"), get("m3_imex")
+    return DriverPlan(vendor="nvidia", branch=int(get("m3_nvidia_driver_branch") or nvidia["driver_branch"]),
+                      flavor=str(get("m3_nvidia_driver_flavor") or nvidia["driver_flavor"]),
+                      fabric_manager="nvidia-fabricmanager" in fabric if fm is None else bool(fm),
+                      imex="nvidia-imex" in fabric if imex is None else bool(imex),
+                      repo_url=str(get("m3_nvidia_repo_url") or ""), allow_reboot=allow_reboot)
+
+
+def images_plan(data: Mapping[str, Any], pull: str) -> ImagesPlan:
+    return ImagesPlan(pull=str(pull),
+                      archive_dir=str(settings.get(data, "m3_image_archive_dir") or ""),
+                      container_python=str(settings.get(data, "m3_container_python")),
+                      sim_rootfs=str(settings.get(data, "m3_sim_image_rootfs") or ""),
+                      docker_packages=tuple(str(p) for p in settings.get(data, "m3_docker_packages")))
+
+
+def weights_plan(data: Mapping[str, Any], services: list[Service], venv: str) -> WeightsPlan:
+    image = next((x.image for x in services if x.kind == "worker" and x.image), "")
+    return WeightsPlan(download=str(settings.get(data, "m3_weights_download") or ("image" if image else "host")),
+                       verify=bool(settings.get(data, "m3_weights_verify")),
+                       hf_cli=str(settings.get(data, "m3_hf_cli") or (f"{venv}/bin/hf" if venv else "hf")),
+                       token_file=str(settings.get(data, "m3_hf_token_file") or ""))
 
 
 def _fill(value, fill: Mapping[str, Any]) -> str | None:
@@ -330,7 +413,8 @@ def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tup
 
 def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
     s, etcd, venv, home = c.s, c.etcd, c.venv, c.home
-    ctx = {"address": a, "frontend_port": s["m3_frontend_port"], "serving": "dynamo"}
+    ctx = {**catalog.model_constants(s["m3_engine"]), "address": a, "frontend_port": s["m3_frontend_port"],
+           "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
     # its own host's NATS as the seed (every control host runs one); workers seed from the first control host
     env = dict(_dynamo_env(a, etcd, nats_seed(a), f"{home}/m3-frontend", bool(s["m3_auth"])))
@@ -350,141 +434,188 @@ def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
         env_file="/etc/m3/m3-frontend.env", workdir=f"{home}/m3-frontend", provenance=prov)
 
 
+CLUSTER_LAYER, PLAN_SOURCE = "cluster", "m3deploy/core/build.py"  # provenance: a cluster setting; the plan itself
+
+
 def _worker_service(c: _Common, rk: _Rank) -> Service:
-    s, mode, size, ep, features, served, model_id = c.s, c.mode, c.size, c.ep, c.features, c.served, c.model_id
-    idx, rank, nnodes, slot, host, address = rk.idx, rk.rank, rk.nnodes, rk.slot, rk.host, rk.address
-    master, rank0_host, devices, venv, model_dir, home = rk.master, rk.rank0_host, rk.devices, c.venv, c.model_dir, c.home
-    etcd, nats = c.etcd, c.nats
-    platform = str(settings.get(host.data, "m3_platform"))
-    info = catalog.platform(platform)
-    engine, serving = s["m3_engine"], s["m3_serving"]
-    kv_port = int(s["m3_kv_events_port"]) + slot
-    sys_port = int(s["m3_system_port"]) + slot
-    http_port = int(s["m3_worker_port"]) + slot
+    """One worker rank's service, in named steps: recipe layers, the user's overrides, the container image, the
+    endpoints (ports, readiness, plan env), multi-host flags, the launch line, the docker flags."""
+    s, engine, serving = c.s, c.s["m3_engine"], c.s["m3_serving"]
+    info = catalog.platform(str(settings.get(rk.host.data, "m3_platform")))
+    rules = catalog.engines()[engine]
+    ports = {"kv": int(s["m3_kv_events_port"]) + rk.slot, "system": int(s["m3_system_port"]) + rk.slot,
+             "http": int(s["m3_worker_port"]) + rk.slot}
+    r = recipes.resolve(_worker_ctx(c, rk, info, ports["kv"]), target="worker")
+    fill = {"model_id": c.model_id, "served": c.served, "model_dir": c.model_dir, "venv": c.venv,
+            "address": rk.address, "http_port": ports["http"], "nnodes": rk.nnodes, "rank": rk.rank,
+            "master": rk.master, "master_url_host": url_host(rk.master), "master_port": s["m3_master_port"]}
+    _user_overrides(c, rk, r, rules, fill)
+    timeout = int(s["m3_readiness_timeout_s"] or r.readiness_timeout_s)
+    if rules.get("readiness_extra_s"):
+        timeout += int(s[rules["readiness_extra_s"]] or 0)
+    # a simulated engine runs in the stand-in engine image with m3_runtime=docker (m3_image overrides it), else
+    # natively
+    sim_image = bool(rules.get("simulated")) and s["m3_runtime"] == "docker"
+    image = (r.image or simengine.sim_image(str(s["m3_dynamo_version"]))) if sim_image else \
+        (None if rules.get("simulated") else r.image)
+    svc_ports, readiness = _worker_endpoints(c, rk, r, rules, info, ports, image, timeout)
+    svc_ports, readiness = _multi_host(rk, r, rules, fill, svc_ports, readiness, timeout)
+    head = _launch_line(c, r, rules, fill)
+    docker = _docker_args(c, rk, r, info) if image else []
+    files = _engine_files(c, rk, r, rules, docker if image else None)
+    image, base_image = _dynamo_image(c, rules, image, sim_image)
+    name = f"m3-worker@{rk.slot}"
+    # the engine's own HTTP server checks the key (rank 0 serves; headless ranks have no API server)
+    api_key_env = ((rules["api_key_env"], API_KEY_SECRET),) if (
+        serving != "dynamo" and rk.rank == 0 and s["m3_api_key_file"] and rules.get("api_key_env")) else ()
+    return Service(
+        name=name, kind="worker", host=rk.host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
+        secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
+        image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(svc_ports), readiness=readiness,
+        after=((f"{rk.rank0_host}/{name}",) if rk.rank > 0 else ()),  # whole hosts: same slot
+        env_file=f"/etc/m3/{name}.env", workdir="" if image else f"{c.home}/{name}",  # a native process: its own
+        worker=rk.idx, rank=rk.rank, nnodes=rk.nnodes,
+        devices=rk.devices if info["vendor"] in ("nvidia", "amd") else (), provenance=r.provenance_records(),
+        files=files)
+
+
+def _worker_ctx(c: _Common, rk: _Rank, info: Mapping[str, Any], kv_port: int) -> dict[str, Any]:
+    """What the recipe layers' `when:` and `{placeholders}` read for this rank."""
+    s = c.s
     sizes = sorted(set(int(x) for x in s["m3_cudagraph_capture_sizes"]) | {256, 512, 1024, 2048})
-    ctx = {
-        "engine": engine, "serving": serving, "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
-        "platform": platform, "variant": s["m3_variant"], "parallel": str(s["m3_parallel"]), "ep": ep,
-        "dp_mode": mode == "dp", "multi_host": nnodes > 1, "features": features,
-        "tp": size, "dp": size, "address": address, "address_url_host": url_host(address), "kv_events_port": kv_port,
-        "device_ids": ",".join(str(d) for d in devices), "max_model_len": s["m3_max_model_len"],
-        "max_num_seqs": s["m3_max_num_seqs"], "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
+    return {
+        **catalog.model_constants(s["m3_engine"]), "engine": s["m3_engine"], "serving": s["m3_serving"],
+        "runtime": s["m3_runtime"], "vendor": info["vendor"], "generation": info["generation"],
+        "platform": str(settings.get(rk.host.data, "m3_platform")), "variant": s["m3_variant"],
+        "parallel": str(s["m3_parallel"]), "ep": c.ep, "dp_mode": c.mode == "dp", "multi_host": rk.nnodes > 1,
+        "features": c.features, "tp": c.size, "dp": c.size, "address": rk.address,
+        "address_url_host": url_host(rk.address), "kv_events_port": kv_port,
+        "device_ids": ",".join(str(d) for d in rk.devices), "max_model_len": s["m3_max_model_len"],
+        "max_num_seqs": s["m3_max_num_seqs"], "mocker_speedup_ratio": s["m3_mocker_speedup_ratio"],
+        "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
     }
-    r = recipes.resolve(ctx, target="worker")
-    CL, PL = "cluster", "m3deploy/core/build.py"
-    src = f"group_data ({host.name})"
-    # cluster overrides: the last layer
+
+
+def _user_overrides(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any], fill: dict) -> None:
+    """The cluster's settings over the layers: the last layer (m3_image, the context cap, the mocker's flags,
+    m3_unset_args, m3_extra_args, the host's m3_rdma_env, m3_extra_env)."""
+    s, src = c.s, f"group_data ({rk.host.name})"
     if s["m3_image"]:
         r.image = s["m3_image"]
-        r.provenance["image"] = (r.image, f"{CL}:m3_image", src)
-    rules = catalog.engines()[engine]
-    fill = {"model_id": model_id, "served": served, "model_dir": model_dir, "venv": venv, "address": address,
-            "http_port": http_port, "nnodes": nnodes, "rank": rank, "master": master,
-            "master_url_host": url_host(master), "master_port": s["m3_master_port"]}
+        r.provenance["image"] = (r.image, f"{CLUSTER_LAYER}:m3_image", src)
     if s["m3_max_model_len"]:
-        r.set_arg(catalog.by_serving(rules["max_model_len"], serving), str(s["m3_max_model_len"]),
-                  f"{CL}:m3_max_model_len", src)
-    if engine == "mocker":
-        r.set_arg("--speedup-ratio", str(s["m3_mocker_speedup_ratio"]), f"{CL}:m3_mocker_speedup_ratio", src)
-        if s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker names its repos
-            fill["model_dir"] = model_id
-            r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PL)
-        if s["m3_mocker_startup_time"]:
-            r.set_arg("--startup-time", str(s["m3_mocker_startup_time"]), f"{CL}:m3_mocker_startup_time", src)
-        if s["m3_mocker_engine_type"] != "vllm":  # dynamo/mocker/args.py: vllm unless told
-            r.set_arg("--engine-type", s["m3_mocker_engine_type"], f"{CL}:m3_mocker_engine_type", src)
+        r.set_arg(catalog.by_serving(rules["max_model_len"], s["m3_serving"]), str(s["m3_max_model_len"]),
+                  f"{CLUSTER_LAYER}:m3_max_model_len", src)
+    if rules.get("simulated") and s["m3_runtime"] == "docker":  # the staged mock repos, named as a GPU worker's
+        fill["model_dir"] = c.model_id
+        r.set_arg("--speculative-config", simengine.draft_config(), "plan:sim-docker", PLAN_SOURCE)
+    for key, flag in (rules.get("settings_args") or {}).items():
+        if s[key]:
+            r.set_arg(flag, str(s[key]), f"{CLUSTER_LAYER}:{key}", src)
     for key in s["m3_unset_args"] or ():
-        r.unset(str(key), f"{CL}:m3_unset_args", src)
+        r.unset(str(key), f"{CLUSTER_LAYER}:m3_unset_args", src)
     for flag, value in recipes.parse_arg_list(s["m3_extra_args"] or []):
-        r.set_arg(flag, value, f"{CL}:m3_extra_args", src)
-    for k, v in dict(host.data.get("m3_rdma_env") or {}).items():
-        r.set_env(k, v, f"{CL}:m3_rdma_env", src)
+        r.set_arg(flag, value, f"{CLUSTER_LAYER}:m3_extra_args", src)
+    for k, v in dict(rk.host.data.get("m3_rdma_env") or {}).items():
+        r.set_env(k, v, f"{CLUSTER_LAYER}:m3_rdma_env", src)
     for k, v in (s["m3_extra_env"] or {}).items():
-        r.set_env(k, v, f"{CL}:m3_extra_env", src)
+        r.set_env(k, v, f"{CLUSTER_LAYER}:m3_extra_env", src)
 
+
+def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any],
+                      info: Mapping[str, Any], ports: Mapping[str, int], image: str | None,
+                      timeout: int) -> tuple[list[Port], Readiness]:
+    """The rank's ports and readiness (Dynamo: its system port; standalone: its HTTP port), and the env the plan
+    sets where neither a layer nor the user did (Dynamo's, HF offline, the multi-host socket interface, AMD's
+    device list)."""
+    s, host, address = c.s, rk.host, rk.address
     plan_env: list[tuple[str, str]] = []
-    head: tuple[str, ...]
-    ports = []
-    readiness: Readiness
-    timeout = int(s["m3_readiness_timeout_s"] or r.readiness_timeout_s)
-    if engine == "mocker":
-        timeout += int(s["m3_mocker_startup_time"] or 0)
-    # mocker workers run in the stand-in engine image with m3_runtime=docker (m3_image overrides it)
-    sim_image = engine == "mocker" and s["m3_runtime"] == "docker"
-    image = (r.image or simengine.sim_image(str(s["m3_dynamo_version"]))) if sim_image else \
-        (r.image if engine != "mocker" else None)
-    if serving == "dynamo":
-        whome = f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "/root"
-        plan_env += _dynamo_env(address, etcd, nats, whome, bool(s["m3_auth"]))
-        plan_env += [("DYN_SYSTEM_PORT", str(sys_port)),
+    if s["m3_serving"] == "dynamo":
+        whome = "/root" if image else f"{c.home}/m3-worker@{rk.slot}"  # a native process: its own HOME
+        plan_env += _dynamo_env(address, c.etcd, c.nats, whome, bool(s["m3_auth"]))
+        plan_env += [("DYN_SYSTEM_PORT", str(ports["system"])),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
-        ports.append(Port("system", sys_port, address))
+        out = [Port("system", ports["system"], address)]
         if rules.get("kv_events"):
-            ports.append(Port("kv-events", kv_port, address))
-        readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{sys_port}/health", timeout_s=timeout)
+            out.append(Port("kv-events", ports["kv"], address))
+        health = ports["system"]
     else:
-        ports.append(Port("http", http_port, address))
-        readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{http_port}/health", timeout_s=timeout)
+        out, health = [Port("http", ports["http"], address)], ports["http"]
+    readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{health}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
-    if engine != "mocker":
-        if nnodes > 1 and host.data.get("m3_interface"):
+    if not rules.get("simulated"):  # GPU env
+        if rk.nnodes > 1 and host.data.get("m3_interface"):
             plan_env += [("NCCL_SOCKET_IFNAME", str(host.data["m3_interface"])),
                          ("GLOO_SOCKET_IFNAME", str(host.data["m3_interface"]))]
-        if info["vendor"] == "amd" and len(devices) < layout.gpus_per_host(host.data):
-            plan_env.append(("HIP_VISIBLE_DEVICES", ",".join(map(str, devices))))
+        if info["vendor"] == "amd" and len(rk.devices) < layout.gpus_per_host(host.data):
+            plan_env.append(("HIP_VISIBLE_DEVICES", ",".join(map(str, rk.devices))))
     for k, v in plan_env:
         if k not in r.env:
-            r.set_env(k, v, "plan", PL)
-    # multi-host ranks: rank 0 first; ranks > 0 headless and only process-alive readiness
-    if nnodes > 1:
-        multi = rules.get("multi_host") or {}
-        for flag, value in {**multi.get("all", {}), **(multi.get("followers", {}) if rank > 0 else {})}.items():
-            r.set_arg(flag, _fill(value, fill), "plan:multi-host", PL)
-        if rank > 0:
-            readiness = Readiness(kind="process", timeout_s=timeout)
-            ports = [p for p in ports if p.name not in rules.get("followers_without", ())]
+            r.set_env(k, v, "plan", PLAN_SOURCE)
+    return out, readiness
 
+
+def _multi_host(rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any], fill: Mapping[str, Any],
+                ports: list[Port], readiness: Readiness, timeout: int) -> tuple[list[Port], Readiness]:
+    """Multi-host ranks: engines.yaml's `multi_host` flags; ranks > 0 are headless, with process-alive readiness
+    and without the ports engines.yaml's `followers_without` names (rank 0 starts first)."""
+    if rk.nnodes <= 1:
+        return ports, readiness
+    multi = rules.get("multi_host") or {}
+    for flag, value in {**multi.get("all", {}), **(multi.get("followers", {}) if rk.rank > 0 else {})}.items():
+        r.set_arg(flag, _fill(value, fill), "plan:multi-host", PLAN_SOURCE)
+    if rk.rank > 0:
+        readiness = Readiness(kind="process", timeout_s=timeout)
+        ports = [p for p in ports if p.name not in rules.get("followers_without", ())]
+    return ports, readiness
+
+
+def _launch_line(c: _Common, r: recipes.Resolved, rules: Mapping[str, Any], fill: Mapping[str, Any]) -> tuple:
+    """engines.yaml's launch line for the serving mode; standalone engines also get its standalone flags and
+    the served name."""
+    serving = c.s["m3_serving"]
     head = tuple(_fill(tok, fill) for tok in rules["launch"][serving])
     if serving != "dynamo":
         extra = dict(rules.get("standalone_args") or {})
-        if rules.get("served_name_flag") and served != model_id:
+        if rules.get("served_name_flag") and c.served != c.model_id:
             extra[rules["served_name_flag"]] = "{served}"
         for flag, value in extra.items():
-            r.set_arg(flag, _fill(value, fill), "plan", PL)
+            r.set_arg(flag, _fill(value, fill), "plan", PLAN_SOURCE)
+    return head
 
-    docker: list[str] = []
-    if image:
-        docker = list(r.docker)
-        if info["vendor"] == "nvidia":
-            gpus_total = layout.gpus_per_host(host.data)
-            sel = "all" if len(devices) >= gpus_total else '"device=' + ",".join(map(str, devices)) + '"'
-            docker += ["--gpus", sel]
-        docker += ["-v", f"{s['m3_hf_cache']}:/root/.cache/huggingface"]
-    base_image = None
-    files: tuple[tuple[str, str], ...] = ()
-    engine_file = rules.get("engine_file") if serving == "dynamo" else None
-    if engine_file:  # TensorRT-LLM's engine YAML: a host file the worker names (and the container mounts)
-        path = engine_file["path"].format(slot=slot)
-        r.set_arg(engine_file["flag"], path, "plan:engine-file", "m3deploy/core/data/engines.yaml")
-        files = ((path, yaml.safe_dump(engine_file["options"], sort_keys=True)),)
-        if image:
-            docker += ["-v", f"{path}:{path}:ro"]
-    bundled = str((rules.get("images") or {}).get(image or "", {}).get("dynamo", "")) == str(s["m3_dynamo_version"])
-    if image and serving == "dynamo" and not sim_image and not bundled:  # the stand-in holds the Dynamo venv already
-        # Dynamo runs inside the engine image: the images role builds this image on the host, offline, FROM the
-        # engine image plus the shipped ai-dynamo wheels (the GB200 lane pip-installs ai-dynamo into vLLM's image).
-        base_image = image
-        tag = hashlib.sha256(image.encode()).hexdigest()[:12]
-        image = f"m3deploy/dynamo-{engine}:{s['m3_dynamo_version']}-{tag}"
-    name = f"m3-worker@{slot}"
-    # the engine's own HTTP server checks the key (rank 0 serves; headless ranks have no API server)
-    api_key_env = ((rules["api_key_env"], API_KEY_SECRET),) if (
-        serving != "dynamo" and rank == 0 and s["m3_api_key_file"] and rules.get("api_key_env")) else ()
-    return Service(
-        name=name, kind="worker", host=host.name, argv=head + tuple(r.argv()), env=tuple(r.env.items()),
-        secret_env=(DYN_SECRET_ENV if (serving == "dynamo" and s["m3_auth"]) else ()) + api_key_env,
-        image=image, base_image=base_image, docker_args=tuple(docker), ports=tuple(ports), readiness=readiness,
-        after=((f"{rank0_host}/m3-worker@{slot}",) if rank > 0 else ()),  # whole hosts: same slot
-        env_file=f"/etc/m3/m3-worker@{slot}.env", workdir=f"{home}/m3-worker@{slot}" if engine == "mocker" and not image else "",
-        worker=idx, rank=rank, nnodes=nnodes, devices=devices if info["vendor"] in ("nvidia", "amd") else (),
-        provenance=r.provenance_records(), files=files)
+
+def _docker_args(c: _Common, rk: _Rank, r: recipes.Resolved, info: Mapping[str, Any]) -> list[str]:
+    """`docker run` flags before the image: the layers', the NVIDIA GPUs of this rank, the HF cache mount."""
+    docker = list(r.docker)
+    if info["vendor"] == "nvidia":
+        gpus_total = layout.gpus_per_host(rk.host.data)
+        sel = "all" if len(rk.devices) >= gpus_total else '"device=' + ",".join(map(str, rk.devices)) + '"'
+        docker += ["--gpus", sel]
+    return docker + ["-v", f"{c.s['m3_hf_cache']}:/root/.cache/huggingface"]
+
+
+def _engine_files(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any],
+                  docker: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """engines.yaml's `engine_file` under Dynamo (TensorRT-LLM's engine YAML): a host file the worker's flag names,
+    mounted read-only into its container (`docker`, None for a native process)."""
+    engine_file = rules.get("engine_file") if c.s["m3_serving"] == "dynamo" else None
+    if not engine_file:
+        return ()
+    path = engine_file["path"].format(slot=rk.slot)
+    r.set_arg(engine_file["flag"], path, "plan:engine-file", "m3deploy/core/data/engines.yaml")
+    if docker is not None:
+        docker += ["-v", f"{path}:{path}:ro"]
+    return ((path, yaml.safe_dump(engine_file["options"], sort_keys=True)),)
+
+
+def _dynamo_image(c: _Common, rules: Mapping[str, Any], image: str | None,
+                  sim_image: bool) -> tuple[str | None, str | None]:
+    """(image, base_image): under Dynamo an engine image runs Dynamo inside it, so the images role builds this
+    image on the host, offline, FROM the engine image plus the shipped ai-dynamo wheels (the GB200 lane
+    pip-installs ai-dynamo into vLLM's image); the stand-in image holds the Dynamo venv already, and Dynamo's own
+    runtime images (engines.yaml `images:` with `dynamo:` the pinned version) bundle it."""
+    bundled = str((rules.get("images") or {}).get(image or "", {}).get("dynamo", "")) == str(c.s["m3_dynamo_version"])
+    if not image or c.s["m3_serving"] != "dynamo" or sim_image or bundled:
+        return image, None
+    tag = hashlib.sha256(image.encode()).hexdigest()[:12]
+    return f"m3deploy/dynamo-{c.s['m3_engine']}:{c.s['m3_dynamo_version']}-{tag}", image

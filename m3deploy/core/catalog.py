@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,20 @@ def fabric_services(platform_name: str) -> tuple[str, ...]:
 def supported_os() -> set[tuple[str, str]]:
     """The OSes GPU hosts are supported on: {("ubuntu", "24.04"), ...}."""
     return {tuple(str(x).split(" ", 1)) for x in catalog()["supported_os"]}
+
+
+def model_constants(engine: str) -> dict[str, Any]:
+    """The model's constants, written once in catalog.yaml `model:` and read as placeholders by the recipe layers
+    (`{block_size}`, `{max_context}`, `{reasoning_parser}`, `{tool_call_parser}`: the engine's parser names) and
+    by validation."""
+    m = catalog()["model"]
+    parsers = m["parsers"].get(engine) or {}
+    return {"block_size": m["block_size"], "max_context": m["max_context"], "native_context": m["native_context"],
+            "reasoning_parser": parsers.get("reasoning"), "tool_call_parser": parsers.get("tool_call")}
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """The numbers of the first dotted version in `v`: "580.95.05" -> (580, 95, 5), "7.2.0-43" -> (7, 2, 0),
+    "rocm-7.2" -> (7, 2), "" -> (). The one version parser of the drivers role, preflight and the facts."""
+    m = re.search(r"\d+(?:\.\d+)*", v or "")
+    return tuple(int(x) for x in m.group().split(".")) if m else ()

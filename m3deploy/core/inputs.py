@@ -361,6 +361,20 @@ def teardown_path_problem(path: Any) -> str:
     return ""
 
 
+def _env_problem(value) -> str:
+    """An {NAME: value} env map's problem ('' when fine): names, value types, no secret names."""
+    bad = [k for k in value if not isinstance(k, str) or not ENV_NAME.fullmatch(k)]
+    if bad:
+        return f"{_names(bad)} not valid environment variable name(s). Fix: letters, digits, _ (not first digit)"
+    bad = [k for k, v in value.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)]
+    if bad:
+        return f"the value of {_names(bad)} is not a string or number. Fix: quote it, e.g. \"1\""
+    bad = secret_env_names(value)
+    if bad:
+        return f"{_names(bad)} look(s) like a secret (value not shown). {SECRET_FIX}"
+    return ""
+
+
 def _semantic(key, value) -> str:
     """The key's `check` beyond its type: '' when fine."""
     check = key.check
@@ -382,16 +396,7 @@ def _semantic(key, value) -> str:
         if not value.startswith("/"):
             return f"{value!r} is not an absolute path. Fix: a host path such as /opt/m3/bin/hf"
     elif check == "env":
-        bad = [k for k in value if not isinstance(k, str) or not ENV_NAME.fullmatch(k)]
-        if bad:
-            return f"{_names(bad)} not valid environment variable name(s). Fix: letters, digits, _ (not first digit)"
-        bad = [k for k, v in value.items() if not isinstance(v, (str, int, float)) or isinstance(v, bool)]
-        if bad:
-            return f"the value of {_names(bad)} is not a string or number. Fix: quote it, e.g. \"1\""
-        bad = secret_env_names(value)
-        if bad:
-            return f"{_names(bad)} look(s) like a secret (value not shown). {SECRET_FIX}"
-        return _url_problem(value.values()) or size_problem(value, key.name)
+        return _env_problem(value) or _url_problem(value.values()) or size_problem(value, key.name)
     elif check == "args":
         bad = secret_flags(value)
         if bad:
@@ -448,7 +453,8 @@ def secret_env_names(env) -> list[str]:
 def secret_flags(args) -> list[str]:
     """Flags of an m3_extra_args list or dict that carry a secret (`--api-key V`, `--api-key=V`), values unread."""
     flags = args if isinstance(args, dict) else [a for a in args if isinstance(a, str) and a.startswith("--")]
-    return [f.split("=", 1)[0] for f in flags if SECRET_FLAG.fullmatch(str(f).split("=", 1)[0].lower().replace("_", "-"))]
+    return [f.split("=", 1)[0] for f in flags
+            if SECRET_FLAG.fullmatch(str(f).split("=", 1)[0].lower().replace("_", "-"))]
 
 
 def _names(values) -> str:

@@ -15,8 +15,8 @@ import ast
 import json
 import os
 import traceback
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from m3deploy.core.errors import M3Error
@@ -136,21 +136,9 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     attrs = _exec(path)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
     _refuse_duplicates(path, groups)
-    file_group = path.name.rsplit(".", 1)[0]
+    file_group = file_group_name(path)
 
-    all_data: dict[str, Any] = {}
-    if "all" in groups:
-        all_hosts = groups.pop("all")
-        if isinstance(all_hosts, tuple):
-            all_hosts, all_data = all_hosts
-    else:
-        all_hosts = []
-        for members in groups.values():
-            members = members[0] if isinstance(members, tuple) else members
-            for m in members:
-                name = _split(m)[0]
-                if name not in all_hosts:
-                    all_hosts.append(name)
+    all_hosts, all_data = _all_group(groups)
     if file_group not in groups:
         groups[file_group] = list(all_hosts)
 
@@ -202,6 +190,20 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     return out
 
 
+def _all_group(groups: dict[str, Any]) -> tuple[list, dict[str, Any]]:
+    """pyinfra's `all` group (taken out of `groups`): the inventory's own, with its data, else every host of every
+    group in order."""
+    if "all" in groups:
+        all_hosts = groups.pop("all")
+        return (list(all_hosts[0]), dict(all_hosts[1])) if isinstance(all_hosts, tuple) else (all_hosts, {})
+    names: list = []
+    for members in groups.values():
+        for m in members[0] if isinstance(members, tuple) else members:
+            if _split(m)[0] not in names:
+                names.append(_split(m)[0])
+    return names, {}
+
+
 def _refuse_duplicates(path: Path, groups: Mapping[str, Any]) -> None:
     """A host listed twice in one group: pyinfra would merge the two silently (the second's data wins)."""
     problems = []
@@ -224,7 +226,8 @@ def _refuse_conflicts(path: Path, listed: Mapping[str, list[tuple[str, dict]]]) 
             seen = [(g, d[key]) for g, d in entries if key in d]
             if len({repr(v) for _, v in seen}) > 1:
                 values = " but ".join(f"{v!r} in group `{g}`" for g, v in seen)
-                problems.append(f"{path}: host {name}: key {key} is {values}; pyinfra would keep {seen[-1][1]!r} and drop the rest silently. Fix: give {key} one "
+                problems.append(f"{path}: host {name}: key {key} is {values}; pyinfra would keep {seen[-1][1]!r} "
+                                f"and drop the rest silently. Fix: give {key} one "
                                 "value (set it once, on the host's entry in one group)")
     if problems:
         raise M3Error("\n".join(problems))
@@ -273,8 +276,18 @@ def hosts_from_dict(groups: Mapping[str, list], all_data: Mapping[str, Any] | No
     return out
 
 
-def cluster_name(hosts: list[InvHost], default: str = "cluster") -> str:
+def file_group_name(path: str | os.PathLike) -> str:
+    """The group pyinfra makes of every host of an inventory file: the file's name without its extension
+    (pyinfra_cli/inventory.py make_inventory_from_files: `name.rsplit(".", 1)[0]`)."""
+    return Path(path).name.rsplit(".", 1)[0]
+
+
+def cluster_name(hosts: list[InvHost], inventory: str | os.PathLike | None = None) -> str:
+    """The cluster's name, decided here and nowhere else (every CLI command and the deploy build the plan
+    through m3deploy.core.build.build, which calls this): `m3_cluster` where it is set, else the inventory
+    file's name (`inventories/mylab.py` -> `mylab`), else `cluster` (a plan built from data, with no file).
+    It names the controller's secrets store and deploy record (~/.config/m3deploy/<name>/)."""
     for h in hosts:
         if h.data.get("m3_cluster"):
             return str(h.data["m3_cluster"])
-    return default
+    return file_group_name(inventory) if inventory else "cluster"

@@ -16,7 +16,8 @@ T = TypeVar("T")
 
 def gpus_per_host(data: Mapping) -> int:
     """The host's GPU count: m3_gpus_per_host, else its platform's (catalog)."""
-    return int(settings.get(data, "m3_gpus_per_host") or catalog.platform(settings.get(data, "m3_platform"))["gpus_per_host"])
+    return int(settings.get(data, "m3_gpus_per_host")
+               or catalog.platform(settings.get(data, "m3_platform"))["gpus_per_host"])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class Port:
 class Readiness:
     """How to know a service is ready: polled, never slept."""
 
-    kind: str  # "http" (GET url answers `expect`), "tcp" (port accepts), "process" (unit active)
+    kind: str  # "http" (GET url answers `expect`), "process" (unit active)
     url: str = ""  # for http
     address: str = ""  # for tcp
     port: int = 0  # for tcp
@@ -50,6 +50,11 @@ class ModelRepo:
     role: str  # "target" | "draft" | "tokenizer"
     flag: str  # where the plan found it: "m3_model_id", "--speculative-config", "--tokenizer"
     revision: str = "main"
+
+
+def container_name(service_name: str) -> str:
+    """The container a service runs in: its name without `@` (m3-worker@0 -> m3-worker-0)."""
+    return service_name.replace("@", "-")
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,15 @@ class Service:
         return f"{self.name}.service"
 
     @property
+    def container(self) -> str:
+        """The container's name (`docker run --name`): the unit name without `@`, which docker refuses."""
+        return container_name(self.name)
+
+    def port(self, name: str) -> Port | None:
+        """The port the plan named `name` ("http", "system", "client", ...), or None."""
+        return next((p for p in self.ports if p.name == name), None)
+
+    @property
     def entrypoint(self) -> str | None:
         """Containers: the program `docker run --entrypoint` starts (argv[0]), never the image's own ENTRYPOINT."""
         return self.argv[0] if self.image else None
@@ -96,7 +110,7 @@ class Service:
         declares (vllm/vllm-openai: ["vllm", "serve"]; docs/CONTRACTS.md)."""
         if not self.image:
             return self.argv
-        return ("docker", "run", "--rm", "--name", self.name.replace("@", "-"), *self.docker_args,
+        return ("docker", "run", "--rm", "--name", self.container, *self.docker_args,
                 "--env-file", self.env_file, "--entrypoint", self.argv[0], self.image,
                 *self.argv[1:])
 
@@ -106,6 +120,47 @@ class Service:
         lines += [f"export {k}=<secret:{s}>" for k, s in self.secret_env]
         lines.append(shlex.join(self.argv if self.image else self.command))
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    """What a GPU host's driver must be: the one owner of it, read by roles/drivers.py (installs it) and
+    check/preflight (checks it). From the host's data (m3_nvidia_driver_branch, m3_rocm_version, ...), else the
+    catalog (`vendors:`, the platform's `fabric:`)."""
+
+    vendor: str  # "nvidia" | "amd"
+    branch: int = 0  # NVIDIA: the driver branch installed, and the minimum a loaded driver must have
+    flavor: str = ""  # NVIDIA: "open" | "proprietary" kernel modules
+    fabric_manager: bool = False  # NVIDIA: run nvidia-fabricmanager (HGX NVSwitch)
+    imex: bool = False  # NVIDIA: run nvidia-imex (GB200 NVL72)
+    repo_url: str = ""  # NVIDIA: the CUDA apt repository ("" = NVIDIA's, per Ubuntu release and arch)
+    rocm: str = ""  # AMD: the ROCm installed, and the minimum (major.minor) an installed one must have
+    amdgpu_install_deb: str = ""  # AMD: amdgpu-install's .deb URL ("" = repo.radeon.com's for `rocm`)
+    amdgpu_usecase: str = ""  # AMD: amdgpu-install --usecase
+    gpu_users: tuple[str, ...] = ()  # AMD: users added to the render and video groups
+    allow_reboot: bool = False  # reboot the host when the driver change needs it (else stop, naming it)
+
+
+@dataclass(frozen=True)
+class ImagesPlan:
+    """How a host gets its container images (roles/images.py, roles/runtime.py) and what the controller builds for
+    them (controller/prepare.py): on hosts that run a container or have GPUs."""
+
+    pull: str = "missing"  # m3_image_pull: "missing" | "always"
+    archive_dir: str = ""  # m3_image_archive_dir: the controller's `docker save` archives ("" = pull)
+    container_python: str = ""  # m3_container_python: the engine images' Python (their ai-dynamo wheelhouse)
+    sim_rootfs: str = ""  # m3_sim_image_rootfs: the stand-in engine image's root filesystem on the controller
+    docker_packages: tuple[str, ...] = ()  # m3_docker_packages: the container engine's apt packages
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """How a host that holds weights downloads them (roles/weights.py), where the plan gives it a weights_dir."""
+
+    download: str = ""  # "image" (`hf` in the worker image) | "host" (m3_weights_download, else image when one runs)
+    verify: bool = True  # m3_weights_verify
+    hf_cli: str = ""  # the host's `hf` for download = "host" (m3_hf_cli, else the Dynamo venv's, else `hf`)
+    token_file: str = ""  # m3_hf_token_file: the controller's 0600 HF token (else HF_TOKEN from the environment)
 
 
 @dataclass(frozen=True)
@@ -123,6 +178,10 @@ class HostPlan:
     weights_gb: int = 0  # disk needed for the variant's weights
     shm_min_gb: int = 0
     needs_rdma: bool = False  # a worker on this host spans hosts
+    driver: DriverPlan | None = None  # GPU hosts: the driver they must run
+    images: ImagesPlan | None = None  # hosts that run a container or have GPUs
+    weights: WeightsPlan | None = None  # hosts with a weights_dir
+    preflight_ignore: tuple[str, ...] = ()  # m3_preflight_ignore: preflight checks that do not stop the deploy
     services: tuple[Service, ...] = ()  # in start order
     data: tuple[tuple[str, Any], ...] = ()  # the m3_* data the plan read for this host (for reports)
 
@@ -175,6 +234,14 @@ class ClusterPlan:
                 return h
         raise KeyError(f"no host {name!r} in cluster {self.name}")
 
+    def setting(self, key: str) -> Any:
+        """A cluster key's one value (settings.CLUSTER_KEYS, as the plan resolved it): what roles read instead of
+        a host's own data, which may lack a key another group set."""
+        for k, v in self.settings:
+            if k == key:
+                return v
+        raise KeyError(f"{key} is not a cluster setting of the plan")
+
     def group(self, group: str) -> tuple[HostPlan, ...]:
         return tuple(h for h in self.hosts if group in h.groups)
 
@@ -222,4 +289,5 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["ModelRepo", "Port", "Readiness", "Provenance", "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]
+__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "ModelRepo", "Port", "Readiness", "Provenance",
+           "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

@@ -109,7 +109,8 @@ def exporter_of(vendor: str) -> Mapping[str, Any]:
     return (catalog.catalog().get("vendors", {}).get(vendor) or {}).get("metrics_exporter") or {}
 
 
-def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str, Any], addr: Mapping[str, str]) -> None:
+def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str, Any],
+                 addr: Mapping[str, str]) -> None:
     """Append the monitoring services to `services` ({host: [Service]}, in start order) when m3_monitor is on."""
     if not s.get("m3_monitor"):
         return
@@ -272,7 +273,8 @@ def recording_rules(plan: ClusterPlan) -> list[dict]:
     if plan.serving == "dynamo" and plan.workers:
         rules += [
             {"record": "m3:worker_requests:rate1m",
-             "expr": f'sum by (host, service, worker, pool) (rate({WK_REQUESTS}{{{wk},dynamo_endpoint="generate"}}[1m]))'},
+             "expr": "sum by (host, service, worker, pool) "
+                     f'(rate({WK_REQUESTS}{{{wk},dynamo_endpoint="generate"}}[1m]))'},
             {"record": "m3:worker_inflight",
              "expr": f'sum by (host, service, worker, pool) ({WK_INFLIGHT}{{{wk},dynamo_endpoint="generate"}})'},
             {"record": "m3:worker_ttft_seconds:p50", "expr": _q(0.5, WK_TTFT, "host, service, worker, pool")},
@@ -341,7 +343,8 @@ def _panel(title: str, exprs: list[tuple[str, str]], unit: str = "short", w: int
     return {"type": kind, "title": title, "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "gridPos": {"h": 8, "w": w},
             "targets": [{"refId": chr(65 + i), "expr": e, "legendFormat": leg,
-                         "datasource": {"type": "prometheus", "uid": "${datasource}"}} for i, (e, leg) in enumerate(exprs)]}
+                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
+                        for i, (e, leg) in enumerate(exprs)]}
 
 
 def _var(name: str, values: list[str], label: str) -> dict:
@@ -460,7 +463,8 @@ def used_metrics(plan: ClusterPlan) -> dict[str, set[str]]:
     """{metric name: where it is used} over every rule and dashboard panel; recorded names (m3:*) are left out:
     `recorded_names` says which rules make them."""
     uses: dict[str, set[str]] = {}
-    exprs = [(f"rule {r.get('record') or r.get('alert')}", r["expr"]) for g in rules(plan)["groups"] for r in g["rules"]]
+    exprs = [(f"rule {r.get('record') or r.get('alert')}", r["expr"])
+             for g in rules(plan)["groups"] for r in g["rules"]]
     for fname, d in dashboards(plan).items():
         exprs += [(f"{fname}: {p['title']}", t["expr"]) for p in d["panels"] for t in p["targets"]]
     for where, expr in exprs:

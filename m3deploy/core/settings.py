@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from m3deploy.core import catalog
 
@@ -23,7 +23,8 @@ class Key:
     type: Any  # a type or a tuple of types (None allowed whenever the default is None)
     default: Any
     doc: str
-    cluster: bool = False  # one value for the whole cluster (read from the first worker; recorded in the plan)
+    cluster: bool = False  # one value for the whole cluster: set on any host, or group, it is every host's (the
+    #                        hosts that set it must agree: validate.cluster_keys_agree); recorded in the plan
     check: str = ""  # what m3deploy.core.inputs checks beyond the type (see CHECKS), e.g. "port", "path:teardown"
     values: tuple = ()  # allowed values, when a fixed set
     range: tuple = ()  # (min, max) of a number, inclusive
@@ -76,15 +77,15 @@ _KEYS = (
         True, check="args"),
     Key("m3_unset_args", list, [], "engine flags or env names to drop: the last layer (not a flag the plan sets)",
         True, check="names"),
-    Key("m3_extra_env", dict, {}, "extra engine env: the last layer (no name with a TOKEN/KEY/PASSWORD/SECRET word)", True,
-        check="env"),
+    Key("m3_extra_env", dict, {}, "extra engine env: the last layer (no name with a TOKEN/KEY/PASSWORD/SECRET word)",
+        True, check="env"),
     Key("m3_image", str, None,
         "override the recipe's engine image (a version tag or a digest: floating tags are refused)", True,
         check="image"),
     Key("m3_model_id", str, None, "override the variant's checkpoint", True, check="repo_id"),
     Key("m3_served_model_name", str, None, "name the API serves the model under (default: the model id)", True),
     Key("m3_state", str, "present", "`absent` tears the deployment down", True, values=("present", "absent")),
-    Key("m3_cluster", str, None, "cluster name (default: the inventory file's name)", check="name"),
+    Key("m3_cluster", str, None, "cluster name (default: the inventory file's name)", check="name", cluster=True),
     # addresses and ports
     Key("m3_address", str, None, "the host's cluster address (binds, advertised addresses); default ssh_hostname",
         check="ip"),
@@ -93,28 +94,32 @@ _KEYS = (
     Key("m3_interface", str, None, "the host's cluster interface (NCCL/GLOO socket interface)", check="ifname"),
     Key("m3_rdma_env", dict, {}, "per-host NCCL/UCX env (e.g. NCCL_IB_HCA); default from the host's facts",
         check="env"),
-    Key("m3_frontend_port", int, 8000, "the Dynamo frontend's HTTP port", check="port"),
+    Key("m3_frontend_port", int, 8000, "the Dynamo frontend's HTTP port", check="port", cluster=True),
     Key("m3_worker_port", int, 8000, "standalone engines: first worker's HTTP port on a host (+1 per extra worker)",
-        check="port"),
-    Key("m3_system_port", int, 9090, "Dynamo workers' DYN_SYSTEM_PORT (+1 per worker on a host)", check="port"),
+        check="port", cluster=True),
+    Key("m3_system_port", int, 9090, "Dynamo workers' DYN_SYSTEM_PORT (+1 per worker on a host)", check="port",
+        cluster=True),
     Key("m3_kv_events_port", int, 5200, "Dynamo vLLM workers' ZMQ KV-events publisher (+1 per worker on a host)",
-        check="port"),
-    Key("m3_master_port", int, 29500, "multi-host rendezvous (SGLang --dist-init-addr)", check="port"),
+        check="port", cluster=True),
+    Key("m3_master_port", int, 29500, "multi-host rendezvous (SGLang --dist-init-addr)", check="port", cluster=True),
     # Dynamo, paths, engine tuning
     Key("m3_dynamo_version", str, "1.6.1", "ai-dynamo on the controller's wheelhouse, hosts' venv and images",
         True, check="version"),
-    Key("m3_venv_root", str, "/opt/m3", "hosts' venvs: <root>/dynamo-<version>", check="path:teardown"),
+    Key("m3_venv_root", str, "/opt/m3", "hosts' venvs: <root>/dynamo-<version>", check="path:teardown", cluster=True),
     Key("m3_hf_cache", str, "/var/lib/m3/hf", "where weights go on GPU hosts; mounted into engine containers",
-        check="path:teardown"),
-    Key("m3_state_dir", str, "/var/lib/m3", "services' state and HOME directories", check="path:teardown"),
-    Key("m3_max_num_seqs", int, 256, "vLLM --max-num-seqs", range=(1, 1 << 20)),
+        check="path:teardown", cluster=True),
+    Key("m3_state_dir", str, "/var/lib/m3", "services' state and HOME directories", check="path:teardown",
+        cluster=True),
+    Key("m3_max_num_seqs", int, 256, "vLLM --max-num-seqs", range=(1, 1 << 20), cluster=True),
     Key("m3_cudagraph_capture_sizes", list, [1, 2, 4, 8, 16, 32, 64, 128], "vLLM CUDA graph capture sizes",
-        check="ints"),
-    Key("m3_mocker_startup_time", int, 0, "the mocker's simulated model load, seconds", range=(0, 86400)),
-    Key("m3_mocker_speedup_ratio", (int, float), 10, "the mocker's speed-up over real time", range=(1, 1 << 20)),
-    Key("m3_mocker_engine_type", str, "vllm", "the mocker's --engine-type: whose scheduler and KV cache it simulates",
-        True, values=("vllm", "sglang", "trtllm")),
-    Key("m3_readiness_timeout_s", int, None, "override the recipe's readiness timeout", range=(1, 7 * 86400)),
+        check="ints", cluster=True),
+    Key("m3_mocker_startup_time", int, 0, "the mocker's simulated model load, seconds", range=(0, 86400), cluster=True),
+    Key("m3_mocker_speedup_ratio", (int, float), 10, "the mocker's speed-up over real time", range=(1, 1 << 20),
+        cluster=True),
+    Key("m3_mocker_engine_type", str, None, "the mocker's --engine-type: whose scheduler and KV cache it simulates "
+        "(unset: the mocker's own default, vllm)", True, values=("vllm", "sglang", "trtllm")),
+    Key("m3_readiness_timeout_s", int, None, "override the recipe's readiness timeout", range=(1, 7 * 86400),
+        cluster=True),
     Key("m3_gpus_per_host", int, None, "override the platform's GPU count (e.g. a 2-GPU H200 box)", range=(1, 64)),
     Key("m3_gpu_memory_gb", int, None, "per-GPU memory override (e.g. the 141 GB H20 variant)", range=(1, 4096)),
     Key("m3_auth", bool, True, "etcd and NATS authentication (passwords generated once on the controller)", True),
@@ -216,6 +221,17 @@ def get(data: Mapping[str, Any], key: str) -> Any:
     """`data[key]`, or the key's default when it is not set (None)."""
     v = data.get(key)
     return KEYS[key].default if v is None else KEYS[key].parse(v)[0]
+
+
+def cluster_settings(ref: Mapping[str, Any], datas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every key's value as the plan reads it for the whole cluster: a cluster key (`Key.cluster`) is the value of
+    the first host in `datas` that sets it (validate.cluster_keys_agree refuses hosts that set it differently),
+    else its default, so a cluster key set only in group_data/control.py is the cluster's; any other key is
+    `ref`'s (the first worker: what every worker shares, e.g. its platform)."""
+    out = {k: get(ref, k) for k in DEFAULTS}
+    for k in CLUSTER_KEYS:
+        out[k] = next((get(d, k) for d in datas if d.get(k) is not None), KEYS[k].default)
+    return out
 
 
 CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the docs table shows it

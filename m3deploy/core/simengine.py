@@ -51,14 +51,15 @@ def scripted_service(worker: Service, port: int, model_dir: str, served: str, ho
         value = _flag(worker.argv, flag)
         if value is not None:
             argv += (flag, value)
-    address = next(p.address for p in worker.ports if p.name == "system")
+    address = worker.port("system").address
     env = dict(worker.env)
     env.update(HOME="/root" if worker.image else f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
     return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),
                    ports=(Port("system", port, address),),
                    readiness=Readiness(kind="http", url=f"http://{url_host(address)}:{port}/health",
                                        timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
-                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}", worker=-1, rank=0, nnodes=1,
+                   env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}",
+                   worker=-1, rank=0, nnodes=1,
                    devices=(), provenance=())
 
 

@@ -14,10 +14,7 @@ from typing import Callable
 
 from m3deploy.core import catalog, fanout, inputs, layout, recipes
 from m3deploy.core.inventory import InvHost
-from m3deploy.core.settings import PARALLEL_RE, effective_features, get, parse_parallel
-
-MAX_CONTEXT = 1048576
-AMD_NATIVE_CONTEXT = 524288  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
+from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
 
 def _v(h: InvHost, key: str):
@@ -41,13 +38,16 @@ class Cluster:
         self.control = [h for h in self.hosts if "control" in h.groups]
         self.ref = self.workers[0]
         ref = self.ref
-        self.variant, self.engine = str(_v(ref, "m3_variant")), str(_v(ref, "m3_engine"))
-        self.serving, self.state = str(_v(ref, "m3_serving")), str(_v(ref, "m3_state"))
-        self.raw_features = _v(ref, "m3_features") or []
+        self.s = s = cluster_settings(ref.data, [h.data for h in self.workers + self.control])  # as build reads them
+        self.variant, self.engine = str(s["m3_variant"]), str(s["m3_engine"])
+        self.serving, self.state = str(s["m3_serving"]), str(s["m3_state"])
+        self.raw_features = s["m3_features"] or []
         self.features = set(effective_features(self.raw_features))
-        self.mode = str(_v(ref, "m3_parallel"))
+        self.mode = str(s["m3_parallel"])
         self.size = parse_parallel(self.mode)[1] if PARALLEL_RE.match(self.mode) else 0
-        self.mml = _v(ref, "m3_max_model_len")
+        self.mml = s["m3_max_model_len"]
+        self.model = catalog.model_constants(self.engine)  # catalog.yaml `model:`: block size, context windows
+        self.rules = catalog.engines().get(self.engine) or {}  # engines.yaml: how the engine runs
         self.plat_of = {h.name: h.data["m3_platform"] for h in self.workers
                         if h.data.get("m3_platform") in self.platforms}
         # the platform rules need a known platform (on every worker), variant, engine and parallel mode
@@ -87,14 +87,31 @@ def check_inventory(hosts: list[InvHost]) -> list[str]:
 
 @rule(RULES)
 def cluster_keys_agree(c: Cluster, add: Add) -> None:
-    for key in ("m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features", "m3_max_model_len",
-                "m3_model_id", "m3_dynamo_version", "m3_state", "m3_weights_source"):
-        seen = defaultdict(list)
-        for h in c.workers:
-            seen[repr(_v(h, key))].append(h.name)
+    """A cluster key (settings.CLUSTER_KEYS) is one value: every worker runs with the same one (defaults
+    included), and the hosts that set it, control hosts included, set the same one; a key only the control group
+    sets is the cluster's (settings.cluster_settings)."""
+    for key in CLUSTER_KEYS:
+        seen = _by_value(c.workers, key)
+        where = "workers"
+        if len(seen) < 2:
+            seen = _by_value([h for h in c.hosts if h.data.get(key) is not None], key)
+            where = "hosts"
         if len(seen) > 1:
-            detail = "; ".join(f"{v} on {_list(names)}" for v, names in seen.items())
-            add(f"key {key} differs between workers ({detail}). Fix: set it once in the cluster's group_data file")
+            detail = "; ".join(f"{v} on {_list(names)}" + (f" ({_list(sorted(files))})" if files else "")
+                               for v, (names, files) in seen.items())
+            add(f"key {key} differs between {where} ({detail}). Fix: set it once in the cluster's group_data file "
+                "(it is one value for the whole cluster)")
+
+
+def _by_value(hosts: list[InvHost], key: str) -> dict[str, tuple[list[str], set[str]]]:
+    """{repr(value): ([host names], {files it was set in})} of `key` over `hosts`, in their order."""
+    seen: dict[str, tuple[list[str], set[str]]] = {}
+    for h in hosts:
+        names, files = seen.setdefault(repr(_v(h, key)), ([], set()))
+        names.append(h.name)
+        if h.sources.get(key):
+            files.add(h.sources[key])
+    return seen
 
 
 @rule(RULES)
@@ -108,7 +125,7 @@ def known_names(c: Cluster, add: Add) -> None:
         add(f"key m3_serving: unknown serving mode {c.serving!r}. Fix: use one of {_list(cat['servings'])}")
     if c.state not in ("present", "absent"):
         add(f"key m3_state: {c.state!r} is neither 'present' nor 'absent'")
-    pull = str(_v(c.ref, "m3_image_pull"))
+    pull = str(c.s["m3_image_pull"])
     if pull not in ("missing", "always"):
         add(f"key m3_image_pull: {pull!r} is neither 'missing' nor 'always'. Fix: m3_image_pull = 'always' to pull "
             "tags on every deploy")
@@ -148,8 +165,8 @@ def max_model_len(c: Cluster, add: Add) -> None:
     if mml is not None:
         if not isinstance(mml, int) or isinstance(mml, bool) or mml <= 0:
             add(f"key m3_max_model_len: {mml!r} is not a positive integer (tokens)")
-        elif mml > MAX_CONTEXT:
-            add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({MAX_CONTEXT})")
+        elif mml > c.model["max_context"]:
+            add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({c.model['max_context']})")
 
 
 @rule(RULES)
@@ -166,11 +183,11 @@ def edge_settings(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
     """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
-    mode = _v(c.ref, "m3_rollout")
+    mode = c.s["m3_rollout"]
     if mode not in ("rolling", "all-at-once"):
         add(f"key m3_rollout: {mode!r} is not a rollout strategy. Fix: use 'rolling' (one engine instance at a "
             "time, no failed requests) or 'all-at-once' (every changed worker together)")
-    n = _v(c.ref, "m3_rollout_max_unavailable")
+    n = c.s["m3_rollout_max_unavailable"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         add(f"key m3_rollout_max_unavailable: {n!r} must be a whole number >= 1 (engine instances drained and "
             "restarted together). Fix: m3_rollout_max_unavailable = 1")
@@ -179,7 +196,7 @@ def rollout(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def weights_source(c: Cluster, add: Add) -> None:
     """m3_weights_source = mirror:<host> names an inventory host; mock repos come from the controller."""
-    kind, mirror = fanout.parse_source(_v(c.ref, "m3_weights_source"))  # format checked by inputs
+    kind, mirror = fanout.parse_source(c.s["m3_weights_source"])  # format checked by inputs
     names = [h.name for h in c.hosts]
     if kind == "mirror" and mirror not in names:
         near = difflib.get_close_matches(mirror, names, n=1)
@@ -190,11 +207,11 @@ def weights_source(c: Cluster, add: Add) -> None:
     elif kind == "mirror" and mirror not in [h.name for h in c.workers]:
         add(f"key m3_weights_source: the mirror {mirror} is not in the `workers` group: only GPU hosts have an HF "
             f"cache to download into and serve from. Fix: name a host of the workers group, or 'controller'")
-    if _v(c.ref, "m3_mock_repo_mb") and kind != "controller":
+    if c.s["m3_mock_repo_mb"] and kind != "controller":
         add(f"key m3_mock_repo_mb: mock repos are built on the controller, but m3_weights_source is "
-            f"{_v(c.ref, 'm3_weights_source')!r}. Fix: also set m3_weights_source = 'controller'")
-    if _v(c.ref, "m3_engine") == "mocker" and _v(c.ref, "m3_runtime") == "docker" and not (
-            _v(c.ref, "m3_mock_repo_mb") and kind == "controller"):
+            f"{c.s['m3_weights_source']!r}. Fix: also set m3_weights_source = 'controller'")
+    if c.rules.get("simulated") and c.s["m3_runtime"] == "docker" and not (
+            c.s["m3_mock_repo_mb"] and kind == "controller"):
         add("key m3_runtime: the docker testbed's workers (HF_HUB_OFFLINE=1) load the staged mock repos, the target "
             "and a mock EAGLE3 draft, from the mounted HF cache, so they must be built and staged. Fix: also pass "
             "--data m3_weights_source=controller --data m3_mock_repo_mb=8 (docs/TESTBED.md)")
@@ -203,7 +220,7 @@ def weights_source(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def extra_args_parse(c: Cluster, add: Add) -> None:
     try:
-        recipes.parse_arg_list(_v(c.ref, "m3_extra_args") or [])
+        recipes.parse_arg_list(c.s["m3_extra_args"] or [])
     except Exception as e:  # M3Error with the offending token
         add(f"key {e}")
 
@@ -211,9 +228,10 @@ def extra_args_parse(c: Cluster, add: Add) -> None:
 @rule(RULES)
 def block_size_kept(c: Cluster, add: Add) -> None:
     """The seed: "--block-size 128 is mandatory"; another size in m3_extra_args is check_plan's (on the argv)."""
-    for k in _v(c.ref, "m3_unset_args") or ():
+    for k in c.s["m3_unset_args"] or ():
         if str(k).replace("_", "-") == "--block-size":
-            add(f"key m3_unset_args: {k!r} drops --block-size 128, which MiniMax-M3 needs on every platform (MSA "
+            add(f"key m3_unset_args: {k!r} drops --block-size {c.model['block_size']}, which MiniMax-M3 needs on every "
+                "platform (MSA "
                 f"sparse block; the engine's default 16 misaligns sparse attention). Fix: remove {k!r} from "
                 "m3_unset_args")
 
@@ -252,11 +270,14 @@ def variant_fits_platform(c: Cluster, add: Add) -> None:
 @rule(PLATFORM_RULES)
 def engine_fits(c: Cluster, add: Add) -> None:
     engine, serving, platform, features, info = c.engine, c.serving, c.platform, c.features, c.info
-    if platform == "sim" and engine != "mocker":
-        add(f"key m3_engine: the sim platform (testbed, no GPU) runs only the mocker engine, not {engine}. "
-            "Fix: m3_engine = 'mocker'")
-    if engine == "mocker" and serving != "dynamo":
-        add("key m3_serving: the mocker engine is Dynamo's; it needs m3_serving = 'dynamo'")
+    simulated = sorted(e for e, r in catalog.engines().items() if r.get("simulated"))
+    if info["vendor"] == "none" and not c.rules.get("simulated"):
+        add(f"key m3_engine: the {platform} platform (testbed, no GPU) runs only the {_list(simulated)} engine, not "
+            f"{engine}. Fix: m3_engine = {simulated[0]!r}")
+    launch = c.rules.get("launch") or {}
+    if serving in c.cat["servings"] and serving not in launch:  # an unknown serving mode is known_names's
+        add(f"key m3_serving: the {engine} engine has no {serving} launch line (engines.yaml `launch`); it needs "
+            + " or ".join(f"m3_serving = {m!r}" for m in launch))
     # Dynamo's MiniMax-M3 recipe (ai-dynamo/dynamo recipes/minimax-m3/README.md): TensorRT-LLM aggregated, BF16,
     # text only; the vendor blog (seed 002) also serves it text-only
     if engine == "trtllm" and "text-only" not in features:
@@ -266,11 +287,6 @@ def engine_fits(c: Cluster, add: Add) -> None:
         add(f"key m3_variant: TensorRT-LLM runs MiniMax-M3 from the BF16 checkpoint only (Dynamo's MiniMax-M3 "
             f"recipe; no {c.variant} TensorRT-LLM recipe exists), not {c.variant}. Fix: m3_variant = 'bf16', or "
             "m3_engine = 'vllm'")
-    if engine != "vllm" and engine != "mocker":
-        for f in ("eagle3", "eagle3-gqa", "kv-offload", "high-concurrency", "agentx", "fp8-per-channel"):
-            if f in features:
-                add(f"key m3_features: {f!r} is a vLLM recipe; it has no {engine} launch line. Fix: drop it or "
-                    "use m3_engine = 'vllm'")
     if engine == "sglang" and serving == "standalone" and info["vendor"] == "amd":
         add("key m3_engine: the SGLang launch line in the recipe is NVIDIA's. Fix: use vllm on AMD")
     if engine == "trtllm" and info["vendor"] != "nvidia":
@@ -278,13 +294,32 @@ def engine_fits(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def features_have_an_effect(c: Cluster, add: Add) -> None:
+    """A feature the user asks for is what some recipe layer does for the chosen engine (the layers' own `when`:
+    core/data/layers/*.yaml); a feature no layer applies to on that engine would be dropped silently."""
+    if c.engine not in c.cat["engines"]:
+        return  # known_names says so
+    for f in dict.fromkeys(str(x) for x in c.raw_features if not str(x).startswith("no-")):
+        feature_layers = [layer for layer in recipes.layers() if f in layer.when.get("features", ())]
+        engines = {layer.when.get("engine") for layer in feature_layers}
+        if not feature_layers or None in engines or c.engine in engines:
+            continue  # unknown features are features_known's; a layer for any engine, or this one, applies
+        on = sorted(str(e) for e in engines)
+        files = sorted({layer.source.rsplit("/", 1)[-1] for layer in feature_layers})
+        add(f"key m3_features: {f!r} has no effect with m3_engine = {c.engine!r}: the recipe layers that "
+            f"implement it ({_list(files)}) apply to {_list(on)} only, so the plan would carry none of its flags. "
+            f"Fix: drop {f!r} from m3_features, or use m3_engine = {on[0]!r}")
+
+
+@rule(RULES)
 def api_key_carried(c: Cluster, add: Add) -> None:
     """m3_api_key_file only where the server itself checks the key (docs/CONTRACTS.md "API keys"): a key that
     nothing enforces would look like protection and be none."""
-    if not _v(c.ref, "m3_api_key_file"):
+    if not c.s["m3_api_key_file"]:
         return
     fix = ("Fix: remove m3_api_key_file and put an authenticating reverse proxy (TLS + Bearer key) in front of "
-           "the endpoint (m3_edge = true: HAProxy on the control hosts checks it), or serve with m3_engine = 'vllm', m3_serving = 'standalone' (vLLM checks the key itself)")
+           "the endpoint (m3_edge = true: HAProxy on the control hosts checks it), or serve with m3_engine = 'vllm', "
+           "m3_serving = 'standalone' (vLLM checks the key itself)")
     if c.serving == "dynamo" and _v(c.ref, "m3_edge"):
         return  # the edge checks the key (m3deploy.core.edge)
     if c.serving == "dynamo":
@@ -314,12 +349,13 @@ def scoped_features(c: Cluster, add: Add) -> None:
 @rule(PLATFORM_RULES)
 def amd_context_and_bf16(c: Cluster, add: Add) -> None:
     """The seed's AMD notes: native context 512K (YaRN past it: long-context-1m); BF16 needs TP=8."""
-    if c.info["vendor"] != "amd" or c.engine == "mocker":
+    if c.info["vendor"] != "amd" or c.rules.get("simulated"):
         return
-    if isinstance(c.mml, int) and c.mml > AMD_NATIVE_CONTEXT and "long-context-1m" not in c.features:
-        add(f"key m3_max_model_len: {c.mml} is past AMD's native context ({AMD_NATIVE_CONTEXT}, 512K) on "
+    native = c.model["native_context"]  # the seed: "AMD ROCm notes: Native context is 512K" (YaRN past it)
+    if isinstance(c.mml, int) and c.mml > native and "long-context-1m" not in c.features:
+        add(f"key m3_max_model_len: {c.mml} is past AMD's native context ({native}, 512K) on "
             f"{c.platform}; going past it needs the YaRN rope_scaling override. Fix: add 'long-context-1m' to "
-            f"m3_features, or m3_max_model_len <= {AMD_NATIVE_CONTEXT}")
+            f"m3_features, or m3_max_model_len <= {native}")
     if c.variant == "bf16" and c.size and c.size < 8:
         add(f"key m3_parallel: BF16 needs TP=8 on AMD (the seed), not {c.mode} on {c.platform}. Fix: "
             "m3_parallel = 'tp8' (or 'tp8-ep'/'dp8-ep'), or the mxfp8 variant from TP=4")
@@ -361,14 +397,14 @@ def worker_layout(c: Cluster, add: Add) -> None:
             if len(kinds) > 1:
                 add(f"worker {i} (hosts {_list(h.name for h in grp)}) mixes platforms "
                     f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
-    if engine == "mocker" and platform == "sim" and size != 1:
+    if c.info["vendor"] == "none" and size != 1:
         add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
     if engine == "trtllm" and size > g:
         add(f"key m3_parallel: a TensorRT-LLM worker over several hosts ({mode} over {g}-GPU hosts) is one MPI world "
             "(mpirun over SSH from rank 0, Dynamo's multi-node TensorRT-LLM docs), which m3deploy does not launch yet. "
             f"Fix: a {mode} that fits one host, or m3_engine = 'vllm' for multi-host workers")
     # weights must fit in the worker's GPU memory
-    if engine != "mocker" and platform != "sim":
+    if not c.rules.get("simulated") and c.info["vendor"] != "none":
         per_gpu = int(_v(c.ref, "m3_gpu_memory_gb") or c.info["gpu_memory_gb"])
         mem = per_gpu * size
         need_gb = c.vinfo["vram_minimum_gb"]
@@ -377,7 +413,8 @@ def worker_layout(c: Cluster, add: Add) -> None:
         if mem < need_gb:
             add(f"key m3_parallel: {c.variant} weights need >= {need_gb} GB of GPU memory but a {mode} worker on "
                 f"{platform} has {size} x {per_gpu} GB = {mem} GB. Fix: a larger tensor-parallel "
-                f"size, more hosts per worker, a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB), or "
+                f"size, more hosts per worker, a smaller variant (mxfp8 {c.variants['mxfp8']['vram_minimum_gb']} GB), "
+                "or "
                 f"m3_gpu_memory_gb (per GPU, {per_gpu} GB now) if these GPUs have more memory")
 
 
@@ -429,7 +466,8 @@ def check_plan(plan, hosts) -> list[str]:
                     pairs[tok.replace("_", "-")] = argv[i + 1]  # engines take --block_size as --block-size
             for flag in ("--block-size", "--kv-cache-block-size", "--kv-block-size", "--page-size"):
                 if flag in pairs and pairs[flag] != str(cat["model"]["block_size"]):
-                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size 128 (MSA sparse "
+                    add(f"host {hp.name} {svc.name}: {flag} {pairs[flag]}: MiniMax-M3 needs block size "
+                        f"{cat['model']['block_size']} (MSA sparse "
                         f"block; other sizes misalign sparse attention). Fix: remove it from m3_extra_args")
             for flag, kind in (("--reasoning-parser", "reasoning"), ("--tool-call-parser", "tool_call"),
                                ("--dyn-reasoning-parser", "reasoning"), ("--dyn-tool-call-parser", "tool_call")):
@@ -445,7 +483,7 @@ def check_plan(plan, hosts) -> list[str]:
                 add(f"host {hp.name} {svc.name}: both {flags['dp']} and {flags['tp']}: {plan.parallel} runs "
                     f"data-parallel ranks of one GPU each. Fix: remove {flags['tp']} from m3_extra_args (or the "
                     "recipe layer that sets it)")
-            if svc.kind == "worker" and plan.engine != "mocker":
+            if svc.kind == "worker" and not (cat_engines.get(plan.engine) or {}).get("simulated"):
                 problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
                 problems += image_problems(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
             for p in svc.ports:

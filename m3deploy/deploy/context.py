@@ -16,17 +16,26 @@ from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 _CACHE_ATTR = "_m3deploy_plan"
+_INVENTORY_ATTR = "_m3deploy_inventory_file"
 _build_lock = threading.Lock()  # cooperative under pyinfra (gevent.monkey.patch_all)
 
 
-class InvalidPlan(CliError, PyinfraError):
-    """Raised by deploy.py. pyinfra's CLI passes its own (CliError) exceptions through unwrapped and click exits
-    with their exit_code; PyinfraError makes pyinfra's per-host loader and exec_file re-raise it as is."""
+class DeployStopped(CliError, PyinfraError):
+    """m3deploy stops the deploy: pyinfra's CLI passes its own (CliError) exceptions through unwrapped and click
+    exits with their exit_code; PyinfraError makes pyinfra's per-host loader and exec_file re-raise it as is."""
 
     exit_code = 2
 
     def show(self, file=None):
         click.echo(f"--> {click.style('m3deploy', 'red', bold=True)}: {self.message}", err=True)
+
+
+class InvalidPlan(DeployStopped):
+    """The inventory or the plan is refused, or the controller cannot prepare the deploy: no host was changed."""
+
+
+class HostsFailed(DeployStopped):
+    """A host cannot be reached, or failed an operation (roles/_failfast.py): the deploy stops there."""
 
 
 def plan_name(pyinfra_host) -> str:
@@ -48,13 +57,16 @@ def hosts_from_pyinfra(inv) -> list[InvHost]:
     return out
 
 
-def _cluster_name() -> str:
-    # pyinfra puts every host of inventories/<name>.py into a group called <name>
-    skip = {"all", "control", "workers"}
-    for g in state.inventory.get_group_names() if hasattr(state.inventory, "get_group_names") else ():
-        if g not in skip and len(state.inventory.get_group(g)) == len(list(state.inventory)):
-            return g
-    return "cluster"
+def record_inventory_file(path: str) -> None:
+    """Note the inventory file named on pyinfra's command line (m3deploy.deploy.preload, run from config.py before
+    pyinfra loads it). pyinfra keeps no note of it; its State lives for the whole run."""
+    setattr(state, _INVENTORY_ATTR, path)
+
+
+def inventory_file() -> str | None:
+    """The inventory file of this run; None when pyinfra was not started from its CLI with an inventory file
+    (the API, a host list). The plan names the cluster after it unless m3_cluster is set."""
+    return getattr(state, _INVENTORY_ATTR, None)
 
 
 def cluster_plan() -> ClusterPlan:
@@ -71,27 +83,25 @@ def cluster_plan() -> ClusterPlan:
         cached = getattr(state, _CACHE_ATTR, None)
         if cached is None:
             hosts = hosts_from_pyinfra(state.inventory)
-            cached = planmod.build(hosts, name=_cluster_name())
+            cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             if cached.state != "absent":
-                _prepare_controller(cached, {h.name: h.data for h in hosts})
+                _prepare_controller(cached)
             setattr(state, _CACHE_ATTR, cached)
     return cached
 
 
-def _prepare_controller(plan: ClusterPlan, data: dict) -> None:
-    from m3deploy.controller import prepare, secrets
+def _prepare_controller(plan: ClusterPlan) -> None:
+    from m3deploy.controller import prepare, secrets, tls
 
     def say(msg: str) -> None:
         if not msg.startswith("$ "):  # pip's command lines stay out of pyinfra's output
             print(f"    [controller] {msg}", flush=True)
 
     secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
-    from m3deploy.controller import tls
-
     tls.trust(plan)  # the edge's certificate made (or the user's read) and trusted, before any host
     if plan.endpoint.startswith("https://"):
         tls.edge_pem(plan)
-    prepare.ensure_all(plan, data_of=lambda name: data.get(name, {}), log=say)
+    prepare.ensure_all(plan, log=say)
     secrets.ensure_secrets(plan.name)
 
 

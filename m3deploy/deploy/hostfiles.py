@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import monitor, settings
+from m3deploy.core import monitor
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, image_problem, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -39,7 +39,8 @@ ETC_DIR = "/etc/m3"
 LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
-MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages", "users")
+MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages",
+                 "users")
 M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
 ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
@@ -109,9 +110,9 @@ def nats_conf_path(s: Service) -> str:
 
 
 def _port(s: Service, name: str):
-    for p in s.ports:
-        if p.name == name:
-            return p
+    p = s.port(name)
+    if p is not None:
+        return p
     raise M3Error(f"service {s.name} on {s.host} has no port named {name!r} (plan.build must set it)")
 
 
@@ -143,7 +144,7 @@ def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                   monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
                   auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
-                  max_payload=int(settings.get(dict(cp.settings), "m3_nats_max_payload")),
+                  max_payload=int(cp.setting("m3_nats_max_payload")),
                   routes=routes, cluster_name=f"m3-{cp.name}", cluster_port=_port(s, "cluster") if routes else None)
     return HostFile(nats_conf_path(s), text)
 
@@ -293,7 +294,8 @@ def host_files(cp: ClusterPlan, hp: HostPlan, secrets=None) -> list[HostFile]:
 
 def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     """What the deploy makes on this host, in the order teardown removes it. Keys:
-    units (stopped and disabled), containers (removed), images (m3deploy's own, removed), files and links (rm -f), dirs (rm -rf), caches (rm -rf
+    units (stopped and disabled), containers (removed), images (m3deploy's own, removed), files and links (rm -f),
+    dirs (rm -rf), caches (rm -rf
     unless m3_keep_caches), venvs (removed when they carry m3's stamp; their directory and `empty_dirs` then rmdir'ed
     if empty), packages (purged), users (removed)."""
     svcs = list(reversed(hp.services))
@@ -317,7 +319,7 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
         caches.append(M3_HOME)
     return {"m3deploy_manifest": MANIFEST_VERSION, "cluster": cp.name, "host": hp.name,
             "units": list(dict.fromkeys(units)),
-            "containers": [s.name.replace("@", "-") for s in svcs if s.image],
+            "containers": [s.container for s in svcs if s.image],
             # the images m3deploy made (the stand-in engine image, Dynamo worker images built on the host); a vendor
             # image stays: the host may share it, and it is tens of GB to fetch again
             "images": list(dict.fromkeys(s.image for s in svcs if s.image and built_here(s.image))),

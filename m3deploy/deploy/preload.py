@@ -2,8 +2,14 @@
 line (file:line and the fix) instead of pyinfra's "An internal exception occurred" and a debug log, and a host
 listed twice in a group is refused instead of merged (pyinfra merges it silently).
 
+It also records which file that is (m3deploy.deploy.context.inventory_file): the plan names the cluster after it
+unless m3_cluster is
+set (m3deploy.core.inventory.cluster_name), and pyinfra keeps no note of it. The note is kept on pyinfra's State,
+which the CLI makes before it runs config.py and keeps for the whole run.
+
 pyinfra 3.10 executes `config.py` from the working directory before it loads the inventory
-(pyinfra_cli/cli.py `_set_config`, then `make_inventory`); the repository's config.py calls `check()`.
+(pyinfra_cli/cli.py `_setup_state`, `_set_config`, then `make_inventory`); the repository's config.py calls
+`check()`.
 """
 from __future__ import annotations
 
@@ -18,13 +24,14 @@ from m3deploy.core.errors import M3Error
 def check() -> None:
     """Load the inventory named on pyinfra's command line (a .py file; anything else is pyinfra's) the way
     `m3deploy validate` does; raise InvalidPlan (exit 2, one message) when it cannot be loaded."""
-    from m3deploy.deploy.context import InvalidPlan
+    from m3deploy.deploy.context import InvalidPlan, record_inventory_file
 
     ctx = click.get_current_context(silent=True)
     params = ctx.params if ctx else {}
     path = Path(str(params.get("inventory") or ""))
     if path.suffix != ".py" or not path.is_file():
         return
+    record_inventory_file(str(path))
     try:
         inventory.load(path, cwd=str(Path.cwd()), group_data_directories=list(params.get("group_data") or ()))
     except M3Error as e:

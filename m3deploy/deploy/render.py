@@ -88,8 +88,7 @@ def nats_hostport(address: str, port: int) -> str:
 
 
 def container_name(service: Service) -> str:
-    cmd = service.command
-    return cmd[cmd.index("--name") + 1] if service.image and "--name" in cmd else ""
+    return service.container if service.image else ""
 
 
 def environment() -> jinja2.Environment:

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import shlex
 
+from m3deploy.core.model import container_name
 from m3deploy.facts.parse import parse_cuda_version, parse_proc_driver_version, parse_rocm_version
 
 MARK = "=== m3 "
 DYNAMO_LABEL = "io.m3deploy.dynamo-version"
-
-
-def container_name(service_name: str) -> str:
-    return service_name.replace("@", "-")  # as m3deploy.core.model.Service.command names it
 
 
 def probe_command(containers: dict[str, str], repos: list[str], hub: str = "", venv: str = "") -> str:

@@ -9,14 +9,29 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from m3deploy.facts.parse import (NVIDIA_QUERY_FIELDS, NVIDIA_SMI_MARKER, parse_amd_devices, parse_amd_smi_static,
-                                  parse_cuda_version, parse_df, parse_docker, parse_docker_image, parse_dpkg_versions,
-                                  parse_nvidia_query, parse_nvlink_status, parse_os_release, parse_proc_driver_version,
-                                  parse_proc_net_route, parse_rdma, parse_reboot, parse_rocm_smi_json,
-                                  parse_rocm_topology, parse_rocm_version, parse_services, parse_topo_matrix)
-
-
-
+from m3deploy.facts.parse import (
+    NVIDIA_QUERY_FIELDS,
+    NVIDIA_SMI_MARKER,
+    parse_amd_devices,
+    parse_amd_smi_static,
+    parse_cuda_version,
+    parse_df,
+    parse_docker,
+    parse_docker_image,
+    parse_dpkg_versions,
+    parse_nvidia_query,
+    parse_nvlink_status,
+    parse_os_release,
+    parse_proc_driver_version,
+    parse_proc_net_route,
+    parse_rdma,
+    parse_reboot,
+    parse_rocm_smi_json,
+    parse_rocm_topology,
+    parse_rocm_version,
+    parse_services,
+    parse_topo_matrix,
+)
 
 # --------------------------------------------------------------------------------------------
 # The facts
@@ -143,7 +158,7 @@ RDMA_SCRIPT = r"""for d in /sys/class/infiniband/*; do [ -d "$d" ] || continue; 
 for p in "$d"/ports/*; do [ -d "$p" ] || continue;
 nd=$(ls "$d/device/net" 2>/dev/null | head -n1);
 echo "dev=$dev port=${p##*/} state=$(cat "$p/state" 2>/dev/null) phys=$(cat "$p/phys_state" 2>/dev/null) link_layer=$(cat "$p/link_layer" 2>/dev/null) netdev=$nd";
-done; done; true"""
+done; done; true"""  # noqa: E501 (one echo line per port: the parser reads one record a line)
 
 
 class RdmaDevices(_M3Fact):

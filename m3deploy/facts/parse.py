@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from typing import Any
 
+from m3deploy.core.catalog import version_tuple
 
 # --------------------------------------------------------------------------------------------
 # NVIDIA
@@ -137,8 +137,7 @@ def upstream_version(deb_version: str) -> str:
 
 
 def nvidia_driver_branch(version: str) -> int:
-    m = re.match(r"(\d+)", version or "")
-    return int(m.group(1)) if m else 0
+    return (version_tuple(version) or (0,))[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,7 +419,8 @@ def parse_kv(text: str) -> dict[str, str]:
 
 
 def parse_docker_image(text: str) -> dict[str, Any]:
-    """`docker image inspect --format '{{.Id}} {{range .RepoDigests}}{{.}},{{end}}' IMAGE` -> {"present", "id", "digests"}."""
+    """`docker image inspect --format '{{.Id}} {{range .RepoDigests}}{{.}},{{end}}' IMAGE`
+    -> {"present", "id", "digests"}."""
     for line in text.splitlines():
         cells = line.split()
         if cells and cells[0].startswith("sha256:"):

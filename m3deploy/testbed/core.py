@@ -12,17 +12,12 @@ half-built testbed, and only ever touches its own.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import shlex
 import shutil
 import signal
-import socket
-import stat
 import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -31,171 +26,32 @@ from m3deploy.core.errors import M3Error
 
 from . import config as C
 from . import image as I
-
-SYSCTL_FILE = os.path.join(C.STATE_ROOT, ".sysctl.json")
-INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
-
-
-# ------------------------------------------------------------------ small helpers
-
-class _Log:
-    def __init__(self, log):
-        self.t0 = time.monotonic()
-        self.log = log
-
-    def __call__(self, msg: str) -> None:
-        if self.log:
-            self.log(f"[{time.monotonic() - self.t0:5.1f}s] {msg}")
-
-
-def _run(cmd, check=True, **kw) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if check and res.returncode != 0:
-        raise M3Error(f"command failed (exit {res.returncode}): {shlex.join(cmd)}\n{res.stderr.strip()}")
-    return res
-
-
-def _ip_json(*args) -> list:
-    out = _run(["ip", "-j", *args], check=False).stdout.strip()
-    try:
-        return json.loads(out) if out else []
-    except ValueError:
-        return []
-
-
-def _links() -> list[str]:
-    return [l["ifname"] for l in _ip_json("link", "show")]
-
-
-def _netns() -> list[str]:
-    return [n["name"] for n in _ip_json("netns", "list")]
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    _write_atomic(path, text, mode)
-
-
-def _ssh_banner(address: str, port: int = 22, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            return s.recv(64).startswith(b"SSH-")
-    except OSError:
-        return False
-
-
-def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def cgroup_bases() -> list[str]:
-    """Cgroup hierarchies a host is placed in: named systemd (v1) + unified (v2) on hybrid machines."""
-    if os.path.exists(os.path.join(C.CGROUP_ROOT, "cgroup.controllers")):
-        return [C.CGROUP_ROOT]
-    return [os.path.join(C.CGROUP_ROOT, h) for h in C.CGROUP_HIERARCHIES
-            if os.path.isdir(os.path.join(C.CGROUP_ROOT, h))]
-
-
-def _cgroup_dirs(name: str, host: str | None = None) -> list[str]:
-    parts = [C.CGROUP_PARENT, name] + ([host] if host else [])
-    return [os.path.join(b, *parts) for b in cgroup_bases()]
-
-
-def _cgroup_pids(name: str) -> set[int]:
-    pids = set()
-    for top in _cgroup_dirs(name):
-        for dirpath, _dirs, files in os.walk(top):
-            if "cgroup.procs" in files:
-                try:
-                    with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                        pids.update(int(x) for x in f.read().split())
-                except OSError:
-                    pass
-    return pids
-
-
-# ------------------------------------------------------------------ lock
-
-@contextlib.contextmanager
-def locked(what: str, timeout_s: float | None = None):
-    """Global flock: one testbed command at a time changes the machine (bridges, sysctls, image).
-    A second command waits for it (like apt's lock), up to $M3_TESTBED_LOCK_TIMEOUT seconds (default 120)."""
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("M3_TESTBED_LOCK_TIMEOUT", "120"))
-    path = C.LOCK_PATH
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:  # no O_TRUNC: a waiting command must not wipe the holder's line
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise C.err_lock_path(path, "is a symlink") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise C.err_lock_path(path, "is not a regular file")
-        if st.st_uid != 0:
-            raise C.err_lock_path(path, f"is owned by uid {st.st_uid}, not root")
-        deadline = time.monotonic() + timeout_s
-        told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
-                if time.monotonic() >= deadline:
-                    raise C.err_locked(holder, timeout_s) from None
-                if not told:
-                    sys.stderr.write(f"waiting for the testbed lock ({holder or 'held'}) ...\n")
-                    told = True
-                time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: {what}\n".encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)
-
+from .machine import (
+    _ensure_bridge,
+    _ensure_host_net,
+    _ensure_proxy,
+    _proxy_pids,
+    _raise_inotify,
+    _restore_inotify,
+)
+from .system import (
+    _alive,
+    _all_pids,
+    _cgroup_dirs,
+    _cgroup_pids,
+    _cmdline,
+    _ip_json,
+    _links,
+    _Log,
+    _netns,
+    _port_open,
+    _run,
+    _ssh_banner,
+    _write,
+    _write_atomic,
+    cgroup_bases,
+    locked,
+)
 
 # ------------------------------------------------------------------ preflight
 
@@ -251,148 +107,6 @@ def list_testbeds() -> list[str]:
     except FileNotFoundError:
         return []
 
-
-# ------------------------------------------------------------------ sysctl
-
-def _read_int(path: str) -> int:
-    with open(path) as f:
-        return int(f.read().strip())
-
-
-def _raise_inotify(name: str, total_hosts: int, log) -> bool:
-    need = C.inotify_needed(total_hosts)
-    cur = _read_int(INOTIFY)
-    try:
-        with open(SYSCTL_FILE) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        rec = None
-    if cur >= need:
-        return False
-    if rec is None:
-        rec = {"fs.inotify.max_user_instances": cur, "raised_by": []}
-    if name not in rec["raised_by"]:
-        rec["raised_by"].append(name)
-    _write(SYSCTL_FILE, json.dumps(rec) + "\n")
-    with open(INOTIFY, "w") as f:
-        f.write(str(need))
-    log(f"fs.inotify.max_user_instances {cur} -> {need} (restored by `down`)")
-    return True
-
-
-def _restore_inotify(name: str, log) -> None:
-    try:
-        with open(SYSCTL_FILE) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        return
-    if name in rec.get("raised_by", []):
-        rec["raised_by"].remove(name)
-    others = [n for n in rec.get("raised_by", []) if n != name and os.path.isdir(C.Paths(n).dir)]
-    if others:
-        rec["raised_by"] = others
-        _write(SYSCTL_FILE, json.dumps(rec) + "\n")
-        return
-    orig = rec["fs.inotify.max_user_instances"]
-    with open(INOTIFY, "w") as f:
-        f.write(str(orig))
-    os.unlink(SYSCTL_FILE)
-    log(f"fs.inotify.max_user_instances restored to {orig}")
-
-
-# ------------------------------------------------------------------ network
-
-def _ensure_bridge(name: str, subnet: str, log, changes: list) -> str:
-    br = C.bridge_name(name)
-    addr = C.bridge_address(subnet)
-    links = _links()
-    hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=br)
-    if hits:
-        raise C.err_subnet_taken(subnet, hits, name)
-    if br not in links:
-        # Bridged host-to-host traffic must not go through the machine's iptables (br_netfilter).
-        res = _run(["ip", "link", "add", br, "type", "bridge", "nf_call_iptables", "0",
-                    "nf_call_ip6tables", "0", "nf_call_arptables", "0"], check=False)
-        if res.returncode != 0:
-            _run(["ip", "link", "add", br, "type", "bridge"])
-        changes.append(f"bridge {br}")
-    have = [a["local"] for l in _ip_json("-4", "addr", "show", "dev", br) for a in l.get("addr_info", [])]
-    if addr not in have:
-        _run(["ip", "addr", "add", f"{addr}/24", "dev", br])
-        changes.append(f"address {addr}/24 on {br}")
-    _run(["ip", "link", "set", br, "up"])
-    return br
-
-
-def _ensure_host_net(name: str, i: int, subnet: str, br: str, netns: list, links: list,
-                     changes: list) -> None:
-    ns, veth, addr = C.netns_name(name, i), C.veth_name(name, i), C.host_address(subnet, i)
-    if ns not in netns:
-        _run(["ip", "netns", "add", ns])
-        changes.append(f"netns {ns}")
-    inside = [l["ifname"] for l in _ip_json("-n", ns, "link", "show")]
-    if "eth0" not in inside:
-        if veth in links:
-            _run(["ip", "link", "del", veth])
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
-        changes.append(f"veth {veth}")
-    _run(["ip", "link", "set", veth, "master", br, "up"])
-    have = [a["local"] for l in _ip_json("-n", ns, "-4", "addr", "show", "dev", "eth0")
-            for a in l.get("addr_info", [])]
-    if addr not in have:
-        _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"])
-    _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-    _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-
-
-# ------------------------------------------------------------------ apt proxy
-
-def _proxy_pids(name: str) -> list[int]:
-    conf = os.path.join(C.Paths(name).proxy_dir, "conf")
-    out = []
-    for pid in _all_pids():
-        cl = _cmdline(pid)
-        if cl and os.path.basename(cl[0]) == "apt-cacher-ng" and conf in cl:
-            out.append(pid)
-    return out
-
-
-def _ensure_proxy(name: str, bridge_ip: str, log, changes: list) -> dict:
-    p = C.Paths(name)
-    port = C.APT_PROXY_PORT
-    running = _proxy_pids(name)
-    if running and _port_open(bridge_ip, port):
-        return {"pid": running[0], "url": f"http://{bridge_ip}:{port}"}
-    for pid in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    if _port_open(bridge_ip, port):
-        raise M3Error(f"port {bridge_ip}:{port} is taken by another program; the testbed's apt proxy "
-                      "needs it. Fix: stop that program (e.g. a system apt-cacher-ng listening on all "
-                      "addresses: `systemctl stop apt-cacher-ng`)")
-    conf, logd, run = (os.path.join(p.proxy_dir, d) for d in ("conf", "log", "run"))
-    for d in (conf, logd, run, p.proxy_cache):
-        os.makedirs(d, exist_ok=True)
-    debian, security = I.machine_mirrors()
-    _write(os.path.join(conf, "backends_debian"), debian + "\n")
-    _write(os.path.join(conf, "acng.conf"), C.render_acng_conf(
-        conf_dir=conf, cache_dir=p.proxy_cache, log_dir=logd, bind=bridge_ip, port=port,
-        pid_file=os.path.join(run, "pid"), socket_path=os.path.join(run, "socket"),
-        security_backend=security.rstrip("/")))
-    cmd = ["apt-cacher-ng", "-c", conf]
-    with open(os.path.join(logd, "stdout.log"), "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, cwd="/")
-    deadline = time.monotonic() + 10
-    while not _port_open(bridge_ip, port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            with open(os.path.join(logd, "stdout.log")) as f:
-                tail = f.read()[-1500:]
-            raise M3Error(f"apt-cacher-ng did not start on {bridge_ip}:{port}:\n{tail}\n"
-                          f"Fix: see {logd}; `m3deploy testbed down --name {name}` then up again")
-        time.sleep(0.02)
-    changes.append(f"apt proxy {bridge_ip}:{port} (backend {debian})")
-    return {"pid": proc.pid, "url": f"http://{bridge_ip}:{port}"}
 
 
 # ------------------------------------------------------------------ hosts
@@ -701,7 +415,7 @@ def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> li
                 _run(["ip", "netns", "del", ns], check=False)
                 removed.append(f"netns {ns}")
         br = C.bridge_name(name)
-        for link in sorted(_links(), key=lambda l: l == br):
+        for link in sorted(_links(), key=lambda name: name == br):
             if C.owned_by(name, link):
                 _run(["ip", "link", "del", link], check=False)
                 removed.append(f"link {link}")

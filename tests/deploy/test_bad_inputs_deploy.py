@@ -50,13 +50,13 @@ def test_refused_before_any_operation(deploy_file, override, host_data, must):
 
 def test_allow_reboot_string_false_does_not_reboot(fake):
     """`m3_allow_reboot = "false"` (a string, as a CSV or a careless --data carries it) is False: stop, no reboot."""
-    from tests.deploy.test_gpu_roles import fresh_facts, hplan
     from roles.drivers import deploy_drivers
+    from tests.deploy.test_gpu_roles import fresh_facts, hplan
 
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(), host_data={"m3_allow_reboot": "false"})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(data={"m3_allow_reboot": "false"}))
     names = [n.split(" | ")[1] for n in run.names]
     assert not any("Reboot" in n for n in names) and any(n.startswith("Stop:") for n in names), names
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(), host_data={"m3_allow_reboot": "yes"})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(data={"m3_allow_reboot": "yes"}))
     assert any("Reboot" in n.split(" | ")[1] for n in run.names)
 
 

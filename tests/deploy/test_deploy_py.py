@@ -24,13 +24,13 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-from m3deploy import facts as F
-from m3deploy.core import inventory
-from m3deploy.core import build as planmod
-from m3deploy.core.model import Service
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Os, Which
+
+from m3deploy import facts as F
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
+from m3deploy.core.model import Service
 from roles.preflight import PreflightFailed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -355,8 +355,8 @@ def worker_services(cluster, name) -> list[Service]:
 def check_worker_units(run, cluster, config: Path):
     """Each worker rank's env file (0600, every plan env var, its secrets) and unit are rendered; the
     unit runs the plan's exact command."""
-    from m3deploy.deploy.render import env_line
     from m3deploy.controller.secrets import load_secrets
+    from m3deploy.deploy.render import env_line
 
     store = load_secrets(cluster.plan.name)
     for name, ops in run.ops_by_host.items():
@@ -690,7 +690,7 @@ def test_readiness_waits_are_wired(inv, cluster_run):
         hp = cluster.plan.host(name)
         names = [short(o, name) for o in ops]
         for s in hp.services:
-            if not (s.readiness and s.readiness.kind in ("http", "tcp")):
+            if not (s.readiness and s.readiness.kind == "http"):
                 continue
             wait = next(i for i, n in enumerate(names) if n.startswith(f"Wait for {s.unit} "))
             assert ops[wait].conditional and ops[wait].commands == ["PYTHON _wait"], (name, s.unit)

@@ -15,6 +15,8 @@ import pytest
 
 from m3deploy import facts as F
 from m3deploy.check import hfcache
+from m3deploy.core import settings
+from m3deploy.core.build import driver_plan, images_plan, weights_plan
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
@@ -35,19 +37,30 @@ def worker(host="h200-01", image=IMAGE):
     return Service(name="m3-worker@0", kind="worker", host=host, argv=("vllm", "serve", MODEL), image=image)
 
 
-def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, **kw):
+def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, data=None, **kw):
+    """A GPU host's plan; its driver, images and weights sections are the plan's own (core.build.driver_plan,
+    images_plan, weights_plan) for the m3_* `data`."""
+    data = data or {}
+    services = (worker(name, image),) if gpus else ()
     base = dict(name=name, address="10.0.0.11", groups=("workers",), platform=platform, gpu_vendor=vendor,
                 gpu_model=model, gpus=gpus, gpu_memory_gb=141, weights_dir="/var/lib/m3/hf", weights_gb=444,
-                shm_min_gb=16, services=(worker(name, image),) if gpus else ())
+                shm_min_gb=16, services=services, driver=driver_plan(data, platform, vendor) if gpus else None,
+                images=images_plan(data, data.get("m3_image_pull", "missing")) if gpus else None,
+                weights=weights_plan(data, list(services), ""))
     base.update(kw)
     return HostPlan(**base)
 
 
-def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),)):
+def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),), **cluster_settings):
+    """A plan of `hosts`; its cluster settings (what roles read for the whole cluster) are the defaults but
+    `cluster_settings`."""
+    recorded = {k: settings.KEYS[k].default for k in settings.CLUSTER_KEYS}
+    assert set(cluster_settings) <= set(recorded), cluster_settings
+    recorded.update(cluster_settings)
     return ClusterPlan(name="t", platform=hosts[0].platform, variant="mxfp8", parallel="tp2", engine="vllm",
                        serving="standalone", features=(), model_id=MODEL, served_model_name=MODEL,
                        max_model_len=None, state="present", hosts=tuple(hosts), workers=(), endpoint="",
-                       model_repos=tuple(repos))
+                       model_repos=tuple(repos), settings=tuple(sorted(recorded.items())))
 
 
 def provisioned_facts() -> dict:
@@ -99,8 +112,8 @@ def test_fresh_nvidia_host_installs_the_pinned_branch_and_stops_for_the_reboot(f
 
 
 def test_fresh_host_with_reboot_allowed_reboots_and_rechecks(fake):
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hplan(),
-               host_data={"m3_allow_reboot": True, "m3_nvidia_driver_branch": "590"})
+    run = fake(deploy_drivers, facts=fresh_facts(),
+               host_plan=hplan(data={"m3_allow_reboot": True, "m3_nvidia_driver_branch": "590"}))
     names = [n.split(" | ")[1] for n in run.names]
     assert names[1] == "Install nvidia-driver-590-open, nvidia-fabricmanager-590"
     assert names[2:] == ["Reboot to load the GPU driver", "Check the GPU driver after the reboot",
@@ -112,7 +125,7 @@ def test_fresh_host_with_reboot_allowed_reboots_and_rechecks(fake):
 def test_provisioned_host_has_nothing_to_do(fake):
     hp = hplan()
     for role in (deploy_drivers, deploy_runtime, deploy_images):
-        assert fake(role, facts=provisioned_facts(), host_plan=hp).ops == [], role
+        assert fake(role, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == [], role
     facts = provisioned_facts()
     from pyinfra.facts.files import File
     facts[File] = lambda path: {"mode": 644} if path == marker_path(hp.weights_dir, MODEL) else None
@@ -132,7 +145,7 @@ def test_host_needing_a_reboot_is_stopped_with_its_name(fake):
     run = fake(deploy_drivers, facts=facts, host_plan=hplan())
     assert [n.split(" | ")[1] for n in run.names] == ["Stop: @fake/h200-01 needs a reboot"]
     assert "loaded nvidia kernel module 570.124.06 differs from the installed 580.159.04" in run.commands[0]
-    run = fake(deploy_drivers, facts=facts, host_plan=hplan(), host_data={"m3_allow_reboot": True})
+    run = fake(deploy_drivers, facts=facts, host_plan=hplan(data={"m3_allow_reboot": True}))
     assert [n.split(" | ")[1] for n in run.names] == ["Reboot to load the GPU driver",
                                                        "Check the GPU driver after the reboot"]
 
@@ -151,10 +164,10 @@ def test_wrong_driver_branch_is_replaced(fake):
 
 
 def test_gb200_gets_imex_not_fabric_manager(fake):
-    a = hplan("gb200-01", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.1")
+    a = hplan("gb200-01", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.1",
+              data={"m3_allow_reboot": True})
     b = hplan("gb200-02", platform="gb200", model="NVIDIA GB200", gpus=4, address="10.1.0.2")
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=a, cluster_plan=cplan(a, b),
-               host_data={"m3_allow_reboot": True})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=a, cluster_plan=cplan(a, b))
     names = [n.split(" | ")[1] for n in run.names]
     assert "Install nvidia-driver-580-open, nvidia-imex-580" in names
     assert "Render /etc/nvidia-imex/nodes_config.cfg" in names and "Enable and start nvidia-imex" in names
@@ -181,8 +194,9 @@ def test_non_ubuntu_fresh_host_gets_a_clear_error(fake):
 # --- AMD ------------------------------------------------------------------------------------
 
 def test_fresh_amd_host_installs_rocm_and_groups(fake):
-    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8)
-    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hp, host_data={"m3_gpu_users": ["ubuntu"]})
+    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8,
+               data={"m3_gpu_users": ["ubuntu"]})
+    run = fake(deploy_drivers, facts=fresh_facts(), host_plan=hp)
     names = [n.split(" | ")[1] for n in run.names]
     assert names == ["Install amdgpu-install 7.2", "Install kernel headers and extra modules for 6.8.0-50-generic",
                      "Install ROCm 7.2 and the amdgpu driver (dkms,rocm)", "Add ubuntu to the render and video group(s)",
@@ -197,11 +211,12 @@ def test_fresh_amd_host_installs_rocm_and_groups(fake):
 
 
 def test_provisioned_amd_host_has_nothing_to_do(fake):
-    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8)
+    hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8,
+               data={"m3_gpu_users": ["ubuntu"]})
     facts = {F.OsInfo: NOBLE, F.RocmVersion: "7.2.0",
              F.AmdDevices: lambda user="root": F.parse_amd_devices(f"kfd=yes\ndri=card0 renderD128\ngroups={user} video render\n"),
              F.RebootRequired: F.parse_reboot("")}
-    assert fake(deploy_drivers, facts=facts, host_plan=hp, host_data={"m3_gpu_users": ["ubuntu"]}).ops == []
+    assert fake(deploy_drivers, facts=facts, host_plan=hp).ops == []
 
 
 def test_amdgpu_install_url():
@@ -244,24 +259,27 @@ def test_runtime_configures_only_what_daemon_json_lacks(fake):
 
 def test_images_pull_by_digest_and_skip_present(fake):
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
-    run = fake(deploy_images, facts=facts, host_plan=hplan())
+    hp = hplan()
+    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     assert run.commands == [f"docker pull {IMAGE}"]
-    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hplan()).ops == []
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == []
 
 
 def test_image_pull_always_repulls_tags_never_digests(fake):
     """m3_image_pull=always: a tag present on the host (an old :nightly) is pulled again; a digest is immutable."""
     tag = "rocm/vllm-dev:nightly"
     hp = hplan(services=(worker("h200-01", tag), replace(worker("h200-01", IMAGE), name="m3-worker@1")))
-    run = fake(deploy_images, facts=provisioned_facts(), host_plan=hp, host_data={"m3_image_pull": "always"})
+    always = replace(hp, images=images_plan({}, "always"))
+    run = fake(deploy_images, facts=provisioned_facts(), host_plan=always, cluster_plan=cplan(always))
     assert run.commands == [f"docker pull {tag}"]
-    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp).ops == []  # default: missing
+    assert fake(deploy_images, facts=provisioned_facts(), host_plan=hp, cluster_plan=cplan(hp)).ops == []  # missing
 
 
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
     (tmp_path / image_archive_name(IMAGE)).write_bytes(b"tar")
     facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
-    run = fake(deploy_images, facts=facts, host_plan=hplan(), host_data={"m3_image_archive_dir": str(tmp_path)})
+    hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
+    run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     remote = f"/var/lib/m3/images/{image_archive_name(IMAGE)}"
     assert f"UPLOAD {remote}" in run.commands
     assert run.op("Container images | Load").commands == [f"docker load -i {remote}", f"rm -f {remote}"]
@@ -272,8 +290,9 @@ def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
     from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
-        fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hplan(),
-             host_data={"m3_image_archive_dir": str(tmp_path)})
+        hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
+        fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hp,
+             cluster_plan=cplan(hp))
 
 
 # --- weights ----------------------------------------------------------------------------------
@@ -322,24 +341,23 @@ def test_weights_on_the_host_from_a_token_file(fake, monkeypatch, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("hf_filetoken\n")
     tok.chmod(0o600)
-    hp = hplan(image=None)
-    run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp),
-               host_data={"m3_hf_token_file": str(tok), "m3_hf_cli": "/opt/m3/bin/hf", "m3_weights_verify": False})
+    hp = hplan(image=None, data={"m3_hf_token_file": str(tok), "m3_hf_cli": "/opt/m3/bin/hf",
+                                 "m3_weights_verify": False})
+    run = fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp))
     assert run.op("Model weights | Download").commands[0] == \
         f"HF_HOME=/var/lib/m3/hf HF_TOKEN_PATH=/etc/m3/hf_token /opt/m3/bin/hf download {MODEL}"
     assert not any("hf_filetoken" in c for c in run.commands)
     tok.chmod(0o644)
     from m3deploy.core.errors import M3Error
     with pytest.raises(M3Error, match="chmod 600"):
-        fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp), host_data={"m3_hf_token_file": str(tok)})
+        fake(deploy_weights, facts={}, host_plan=hp, cluster_plan=cplan(hp))
 
 
 def test_weights_shared_cache_downloads_once(fake, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     a, b = hplan("h200-01"), hplan("h200-02", address="10.0.0.12")
-    run = fake(deploy_weights, cluster_plan=cplan(a, b), hosts={
-        "h200-01": {"host_data": {"m3_weights_source": "shared"}},
-        "h200-02": {"host_data": {"m3_weights_source": "shared"}}})
+    run = fake(deploy_weights, cluster_plan=cplan(a, b, m3_weights_source="shared"),
+               hosts={"h200-01": {}, "h200-02": {}})
     assert any(o.name.endswith("(resumable, verified)") for o in run.for_host("h200-01"))
     assert run.for_host("h200-02") == []
 

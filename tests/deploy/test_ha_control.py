@@ -12,12 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_deploy_py import (  # noqa: F401
+    ROOT,
+    Cluster,
+    assert_no_secret_leak,
+    assert_role_order,
+    changing,
+    controller,
+    dynamo_ready,
+    op,
+)
 
 from m3deploy.controller.secrets import load_secrets, public_pem
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
-from test_deploy_py import (ROOT, Cluster, assert_no_secret_leak, assert_role_order, changing, controller,  # noqa: F401
-                            dynamo_ready, op)
 
 CONTROL = [("gb200-ctl-01", "10.20.0.10"), ("gb200-ctl-02", "10.20.0.11"), ("gb200-ctl-03", "10.20.0.12")]
 

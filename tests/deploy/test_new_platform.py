@@ -3,8 +3,6 @@ recipe layer in a directory named by M3DEPLOY_RECIPES. The plan, validation, pre
 follow from the catalog entry; no Python changes."""
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from m3deploy import facts as F

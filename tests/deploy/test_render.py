@@ -13,15 +13,13 @@ import shlex
 
 import pytest
 from click.testing import CliRunner
-
 from pyinfra.facts.files import Directory, File, Link
 
 from m3deploy.cli import main
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.context import InvalidPlan
 from roles.teardown import DeployManifest
-from tests.deploy.test_deploy_py import (INVENTORIES, ROOT, Cluster, cluster_run, controller,  # noqa: F401
-                                         dynamo_ready)
+from tests.deploy.test_deploy_py import INVENTORIES, ROOT, Cluster, cluster_run, controller, dynamo_ready  # noqa: F401
 
 NOT_RENDERED = ("/etc/nvidia-imex/nodes_config.cfg", "/etc/m3/hf_token", "/var/lib/m3/images/")
 

@@ -26,11 +26,11 @@ def env(monkeypatch, tmp_path):
     return tmp_path
 
 
-def cluster(source="controller", done=(), fanout=1, mock=1):
+def cluster(source="controller", done=(), fanout=1, mock=1, cache=None, repos=None):
     hps = [hplan(n, address=f"10.0.0.{11 + i}") for i, n in enumerate(NAMES)]
-    cp = cplan(*hps)
-    data = {"m3_weights_source": source, "m3_weights_fanout": fanout, "m3_mock_repo_mb": mock if mock else None,
-            "ssh_user": "root", "ssh_key": "/home/op/.ssh/id_ed25519", "ssh_known_hosts_file": "/home/op/kh"}
+    cp = cplan(*hps, **({"repos": repos} if repos else {}), m3_weights_source=source, m3_weights_fanout=fanout,
+               m3_mock_repo_mb=mock or None, m3_weights_controller_cache=cache)
+    data = {"ssh_user": "root", "ssh_key": "/home/op/.ssh/id_ed25519", "ssh_known_hosts_file": "/home/op/kh"}
     hosts = {n: {"host_data": {**data, "ssh_hostname": h.address},
                  "facts": {File: (lambda path, n=n: {"mode": 644} if (n in done and ".m3-complete-" in path)
                                   or path == W.TRANSFER_KEY else None),
@@ -156,10 +156,8 @@ def test_hub_source_downloads_everywhere(fake, env):
 
 
 def test_two_repos_share_the_rounds(fake, env):
-    hps = [hplan(n, address=f"10.0.0.{11 + i}") for i, n in enumerate(NAMES)]
-    cp = cplan(*hps, repos=(ModelRepo(MODEL, "target", "m3_model_id"),
-                            ModelRepo("Inferact/MiniMax-M3-EAGLE3", "draft", "--speculative-config")))
-    _, hosts = cluster()
+    cp, hosts = cluster(repos=(ModelRepo(MODEL, "target", "m3_model_id"),
+                               ModelRepo("Inferact/MiniMax-M3-EAGLE3", "draft", "--speculative-config")))
     run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
     r2 = next(o for o in run.for_host("g3") if "Weights round 2/" in o.name)
     assert [c.split()[-1] for c in r2.commands if c.startswith("flock")] == [
@@ -182,9 +180,7 @@ def test_controller_downloads_a_missing_repo_once_then_checks_it(fake, env, monk
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     cache = env / "hf"
-    cp, hosts = cluster(mock=0)
-    for h in hosts.values():
-        h["host_data"]["m3_weights_controller_cache"] = str(cache)
+    cp, hosts = cluster(mock=0, cache=str(cache))
     run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
     assert calls == [(MODEL, "main", str(cache / "hub"), None)]
     assert "PYTHON _push" in next(o for o in run.for_host("g1") if "Weights round 1/" in o.name).commands
@@ -196,8 +192,6 @@ def test_controller_cache_incomplete_after_download_stops_with_the_fix(fake, env
     from m3deploy.core.errors import M3Error
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: None)  # wrote nothing
-    cp, hosts = cluster(mock=0)
-    for h in hosts.values():
-        h["host_data"]["m3_weights_controller_cache"] = str(env / "hf")
+    cp, hosts = cluster(mock=0, cache=str(env / "hf"))
     with pytest.raises(M3Error, match=r"MiniMaxAI/MiniMax-M3 is not complete in .*hf/hub.*Fix: `HF_HOME="):
         fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)

@@ -85,10 +85,9 @@ class _Runner:
 
     async def _main(self) -> None:
         import itertools
+        import os
 
         import openai
-
-        import os
 
         # HTTPS with a CA (the edge's: --ca-file); the API key from the environment (M3_LOAD_API_KEY), never argv
         http = {}
@@ -146,10 +145,9 @@ class Load:
         self.stats: Stats | None = None
 
     def __enter__(self) -> "Load":
+        import os
         import subprocess
         import sys
-
-        import os
 
         self.proc = subprocess.Popen([sys.executable, __file__, *self.args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, **self.env})

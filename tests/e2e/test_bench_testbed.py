@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, ssh_to
+from tbssh import ssh_to, state_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tbssh import state_dir, ssh_to
+from tbssh import ssh_to, state_dir
 
 pytestmark = pytest.mark.e2e
 

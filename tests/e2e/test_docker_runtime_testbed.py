@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from tbssh import state_dir, ssh_to
+from tbssh import ssh_to, state_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ VENV_PY = "/opt/m3/dynamo-1.6.1/bin/python"
 # under the controller cache when one is given (CI: cold, so the stand-in image is built from nothing), else kept
 # in /var/lib/m3deploy so a developer's re-run finds the image built
 DOCKER_ROOT = os.path.join(os.environ.get("M3DEPLOY_CACHE") or "/var/lib/m3deploy", "e2e-docker")
-DOCKER_RUN = f"/run/m3deploy-e2e-docker"
+DOCKER_RUN = "/run/m3deploy-e2e-docker"
 DOCKER_HOST = f"unix://{DOCKER_RUN}/docker.sock"
 ARCHIVES = f"{DOCKER_ROOT}-archives"
 # the docker testbed's workers load the staged mock repos (target + mock EAGLE3 draft) from the HF cache

@@ -31,8 +31,8 @@ import pytest
 
 from load import Load, Stats
 from m3deploy.check import rollout
-from m3deploy.testbed import core as testbed
 from m3deploy.check.checks import frontend_url, instance_services, metrics_url
+from m3deploy.testbed import core as testbed
 
 pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 

@@ -30,8 +30,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from load import Load, Stats
 
+from load import Load, Stats
 from m3deploy.testbed import core as testbed
 
 pytestmark = pytest.mark.e2e

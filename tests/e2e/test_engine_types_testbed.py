@@ -17,6 +17,7 @@ import tempfile
 import urllib.request
 
 import pytest
+
 from tbssh import ssh_to
 
 pytestmark = pytest.mark.e2e

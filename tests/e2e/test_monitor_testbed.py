@@ -13,7 +13,7 @@ order:
    and names it; once systemd has restarted it, status shows it routable again and exits 0;
 6. one panel's query (the frontend's time to first token, p50/p99) rendered to a PNG from the testbed's
    Prometheus: benchmarks/results/observe-testbed-ttft.png;
-7. the bench report's server-side view (m3deploy.check.serverview) of a load window: queueing, the request plane's
+7. the bench report's server-side view (m3deploy.check.bench.serverview) of a load window: queueing, the request plane's
    queue time, each worker's KV usage and time to first response: benchmarks/results/observe-testbed-server.png;
 8. teardown (`m3_state=absent`) leaves no monitoring unit, mask, file, package or listener.
 
@@ -33,6 +33,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+
 from tbssh import ssh_to
 
 pytestmark = pytest.mark.e2e
@@ -303,7 +304,7 @@ def test_the_server_side_view_of_a_load_window(testbed):
     """What `m3deploy bench` adds to its report (no aiperf needed here: the load is this module's own)."""
     from pathlib import Path
 
-    from m3deploy.check import serverview
+    from m3deploy.check.bench import serverview
     from m3deploy.core import monitor
 
     plan, _ = testbed

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tbssh import apt_diagnostics, state_dir, ssh_to
+from tbssh import apt_diagnostics, ssh_to, state_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@
 No testbed, no SSH: etcd, NATS (JetStream + monitor), the Dynamo frontend, two mocker workers and the
 scripted tool-call engine run as plain processes on 127.0.10.1 (control), 127.0.10.2 and 127.0.10.3
 (workers), each started from the argv and env of a plan built with `m3deploy.core.inventory.hosts_from_dict` (so the
-plan's own flags are what runs; files/m3-sim-engine.py from this checkout). Then `m3deploy.check.smoke` and the
+plan's own flags are what runs; files/m3-sim-engine.py from this checkout). Then `m3deploy.check.verify.smoke` and the
 controller-side health checks of `m3deploy.check.verify` run against it and must all pass, and the negative
 controls must fail: a wrong or no parser (reasoning split, tool calls), no session affinity, an unread
 session header, a missing worker.
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from m3deploy.check import readiness
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.model import ClusterPlan, Service
-from m3deploy.check import readiness
 
 pytestmark = pytest.mark.e2e
 
@@ -224,10 +224,8 @@ def test_health_checks_pass(stack):
 
 
 def test_smoke_passes(stack):
-    from m3deploy.check import smoke
     from m3deploy.check import verify
-
-    from m3deploy.check import contract
+    from m3deploy.check.verify import contract, smoke
 
     results = verify.run_checks(smoke.smoke_checks(stack.plan) + contract.contract_checks(stack.plan),
                                 verify.Context(stack.plan))
@@ -281,7 +279,8 @@ def test_parser_checks_fail_with_a_wrong_parser(stack, parser, offset):
     """Negative control: the same workers and scripted engine, their model cards naming the wrong parser
     (minimax_m2, which the seed's troubleshooting warns about) or none. Through the same frontend, every
     reasoning-split and tool-call check must fail."""
-    from m3deploy.check import checks, contract, verify
+    from m3deploy.check import checks, verify
+    from m3deploy.check.verify import contract
 
     p2 = wrong_parser_plan(stack.plan, parser, offset)
     started = [s for h in p2.hosts for s in h.services if s.kind in ("worker", "scripted")]
@@ -305,11 +304,8 @@ def test_affinity_checks_fail_without_session_affinity(stack):
     The affinity checks must fail there (turns of one session split over workers)."""
     from dataclasses import replace
 
-    from m3deploy.check import readiness
-
-    from m3deploy.check import smoke
-
-    from m3deploy.check import verify
+    from m3deploy.check import readiness, verify
+    from m3deploy.check.verify import smoke
 
     fe = next(s for h in stack.plan.hosts for s in h.services if s.kind == "frontend")
     argv = list(fe.argv)
@@ -329,7 +325,8 @@ def test_affinity_checks_fail_without_session_affinity(stack):
 def test_both_session_header_spellings_are_read(stack):
     """The seed's X-Dynamo-Session-ID and 1.6.1's x-session-id both keep a session on one worker (smoke passes
     both), and the evidence is the header: a header the frontend does not read splits the turns."""
-    from m3deploy.check import checks, smoke, verify
+    from m3deploy.check import checks
+    from m3deploy.check.verify import smoke
 
     ctx = checks.Context(stack.plan)
     for header in (smoke.SESSION_HEADER, "x-session-id"):

@@ -1,5 +1,6 @@
 """Hand-built ClusterPlans for the control-plane/worker tests: the Service shapes the roles and
 templates expect from plan.build (measured on Dynamo 1.6.1, see docs/DYNAMO.md)."""
+from m3deploy.core import settings
 from m3deploy.core.model import ClusterPlan, HostPlan, Port, Readiness, Service, WorkerPlan
 
 VENV = "/opt/m3/dynamo-1.6.1"
@@ -98,4 +99,5 @@ def sim_plan(name="testbed"):
         hosts=hosts, workers=(WorkerPlan(0, ("w1",), 1, 1, 0, ("w1/m3-worker@0",)),
                               WorkerPlan(1, ("w2",), 1, 1, 0, ("w2/m3-worker@1",))),
         endpoint=f"http://{ctl}:8000/v1", etcd_endpoints=f"http://{ctl}:2379", nats_server=f"nats://{ctl}:4222",
-        dynamo_version="1.6.1", venv=VENV, model_dir=MODEL_DIR)
+        dynamo_version="1.6.1", venv=VENV, model_dir=MODEL_DIR,
+        settings=tuple(sorted((k, settings.KEYS[k].default) for k in settings.CLUSTER_KEYS)))

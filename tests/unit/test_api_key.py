@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from m3deploy.check import readiness
 from m3deploy.check.checks import Context
-from m3deploy.check.smoke import smoke_checks
 from m3deploy.check.verify import run_check
+from m3deploy.check.verify.smoke import smoke_checks
 from m3deploy.controller.secrets import read_api_key
 from m3deploy.core.build import API_KEY_SECRET, build
 from m3deploy.core.errors import M3Error, ValidationError

@@ -301,7 +301,7 @@ def test_ipv6_is_bracketed_in_every_url_and_in_nats_conf():
           "w2": {"m3_address": "fd00::3", "ssh_hostname": "fd00::3"}}
     plan = planmod.build(hosts(per_host=v6), name="sim")
     etcd = plan.host("ctl").service("etcd")
-    assert "http://[fd00::1]:2379" in etcd.argv and f"ctl=http://[fd00::1]:2380" in etcd.argv
+    assert "http://[fd00::1]:2379" in etcd.argv and "ctl=http://[fd00::1]:2380" in etcd.argv
     assert plan.endpoint == "http://[fd00::1]:8000/v1"
     assert dict(plan.host("w1").services[0].env)["NATS_SERVER"] == "nats://[fd00::1]:4222"
     assert all("://[" in s.readiness.url for h in plan.hosts for s in h.services if s.readiness and s.readiness.url)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from m3deploy.check import bench, benchreport
+from m3deploy.check import bench
+from m3deploy.check.bench import report as benchreport
 from m3deploy.cli import main
 from m3deploy.core import build as buildmod
 from m3deploy.core import inventory as planmod

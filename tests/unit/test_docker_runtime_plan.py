@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from m3deploy.cli import load_plan
-from m3deploy.controller.images import archive_image_id
 from m3deploy.controller import simimage
+from m3deploy.controller.images import archive_image_id
 from m3deploy.core.simengine import SIM_DRAFT, SIM_ENGINE, SIM_IMAGE
 from m3deploy.testbed import config as C
 

@@ -4,12 +4,12 @@ import re
 import shlex
 
 import pytest
+from sample_plans import gpu_worker, sim_plan
 
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.render import env_line, render, service_env, systemd_arg, systemd_argv
 from roles._units import restart_s
-from sample_plans import gpu_worker, sim_plan
 
 SECRETS = {"nats-password": "m3p-NATSsecret", "etcd-password": "m3p-ETCDsecret",
            "etcd-root-password": "m3p-ROOTsecret"}

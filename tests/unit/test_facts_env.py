@@ -6,10 +6,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from m3deploy.controller import factcache
-from m3deploy.core import inventory
-from m3deploy.core import build as planmod
 from m3deploy.cli import main
+from m3deploy.controller import factcache
+from m3deploy.core import build as planmod
+from m3deploy.core import inventory
 from m3deploy.core.netenv import env_from_facts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_facts_fill_what_nobody_set_with_provenance():
 
 def test_user_settings_win_over_facts():
     facts = {"t1": {"env": env_from_facts({"default_interface": "eth9", "rdma": RDMA})}}
-    p = planmod.build(two_trays(m3_interface="enP5p9s0", m3_extra_env={"NCCL_IB_HCA": "mlx5_4"}), facts=facts)
+    p = planmod.build(two_trays(m3_interface="enP5p9s0", m3_rdma_env={"NCCL_IB_HCA": "mlx5_4"}), facts=facts)
     env = dict(p.host("t1").services[0].env)
     assert env["NCCL_SOCKET_IFNAME"] == "enP5p9s0" and env["NCCL_IB_HCA"] == "mlx5_4"
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_2:1"

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from m3deploy.core import build as planmod
-from m3deploy.core import inventory
-from m3deploy.core import settings
+from m3deploy.core import inventory, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

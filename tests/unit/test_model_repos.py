@@ -14,7 +14,6 @@ from tests.unit.test_image_contracts import VALID, _plan
 from tests.unit.test_plan_snapshots import ROOT, _testbed_state  # noqa: F401 (fixture)
 
 
-
 def _workers(plan):
     return [s for h in plan.hosts for s in h.services if s.kind == "worker"]
 

@@ -163,7 +163,7 @@ def test_nats_exporter_publishes_varz_numbers_under_prometheus_nats_exporters_na
 
 
 def test_the_bench_reports_server_view_summarizes_prometheus_ranges():
-    from m3deploy.check import serverview
+    from m3deploy.check.bench import serverview
 
     result = [{"metric": {"worker": "0"}, "values": [[10, "0.5"], [15, "NaN"], [20, "0.25"]]},
               {"metric": {"worker": "1"}, "values": [[10, "NaN"]]}]

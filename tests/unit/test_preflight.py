@@ -8,9 +8,17 @@ from pathlib import Path
 import pytest
 
 from m3deploy import facts as F
+from m3deploy.check.preflight import (
+    Check,
+    check_host,
+    env_from_facts,
+    model_matches,
+    nccl_command,
+    parse_nccl_output,
+    worker_image,
+)
+from m3deploy.core.build import driver_plan
 from m3deploy.core.model import HostPlan, Service
-from m3deploy.check.preflight import (Check, check_host, env_from_facts, model_matches, nccl_command,
-                                parse_nccl_output, worker_image)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -24,6 +32,7 @@ def h200(**kw) -> HostPlan:
                 gpu_model="NVIDIA H200", gpus=2, gpu_memory_gb=141, weights_dir="/var/lib/m3/hf",
                 weights_gb=100, shm_min_gb=16)
     base.update(kw)
+    base.setdefault("driver", driver_plan({}, base["platform"], base["gpu_vendor"]))  # the plan's, from the catalog
     return HostPlan(**base)
 
 
@@ -148,3 +157,37 @@ def test_nccl_command_uses_host_torch_then_the_image():
     assert "elif command -v docker" not in nccl_command(2)
     hp = h200(services=(Service(name="m3-worker@0", kind="worker", host="h200-01", argv=("vllm",), image="img:1"),))
     assert worker_image(hp) == "img:1" and worker_image(h200()) == ""
+
+
+def test_preflight_checks_the_driver_the_plan_pins():
+    """The drivers role and preflight read one section of the plan (HostPlan.driver): a pinned branch or ROCm is
+    what preflight requires too, not the catalog's (issue 22)."""
+    from m3deploy.core import build as planmod
+    from m3deploy.core import inventory
+
+    facts = device_facts()  # an H200 host with driver 580 loaded
+    def host(**data):
+        hosts = inventory.hosts_from_dict({"workers": [("h200-01", {"m3_address": "10.0.0.1"})]},
+                                          all_data={"m3_platform": "h200", "m3_parallel": "tp8", **data})
+        return planmod.build(hosts, name="t").hosts[0]
+
+    assert host().driver.branch == 580 and by_name(check_host(host(), facts))["driver"].ok
+    pinned = host(m3_nvidia_driver_branch=590)
+    assert pinned.driver.branch == 590
+    check = by_name(check_host(pinned, facts))["driver"]
+    assert not check.ok and "need branch >= 590" in check.detail and "install driver branch 590+" in check.fix
+    amd = host(m3_platform="mi300x", m3_rocm_version="7.3")
+    facts = F.assemble({"AmdGpus": F.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text()),
+                        "RocmVersion": "7.2.0",
+                        "AmdDevices": F.parse_amd_devices("kfd=yes\ndri=card0 renderD128\ngroups=root video render\n")})
+    check = by_name(check_host(amd, facts))["driver"]
+    assert amd.driver.rocm == "7.3" and not check.ok and "need ROCm >= 7.3" in check.detail
+
+
+def test_one_version_parser():
+    from m3deploy.core.catalog import version_tuple
+
+    assert version_tuple("580.95.05") == (580, 95, 5)
+    assert version_tuple("7.2.0-43") == (7, 2, 0)  # /opt/rocm/.info/version
+    assert version_tuple("rocm-7.2") == (7, 2)
+    assert version_tuple("") == version_tuple("n/a") == ()

@@ -9,8 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from m3deploy.cli import main
-from m3deploy.core import inventory
 from m3deploy.controller.images import image_archive_name
+from m3deploy.core import inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +50,8 @@ def test_no_docker_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_testbed_plan_has_no_images(tmp_path, monkeypatch):
-    from m3deploy.core import build as planmod
     from m3deploy.controller.images import images_to_save
+    from m3deploy.core import build as planmod
     hosts = inventory.hosts_from_dict({"control": [("c", {"m3_address": "10.0.0.1"})],
                                      "workers": [("w", {"m3_address": "10.0.0.2"})]},
                                     all_data={"m3_platform": "sim", "m3_engine": "mocker", "m3_serving": "dynamo",

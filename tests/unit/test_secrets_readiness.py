@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from m3deploy.check import readiness
-
 from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import Readiness
@@ -58,11 +57,10 @@ def test_failure_names_check_and_has_logs(server):
     assert f"GET {server}/nope answers 200" in msg
 
 
-def test_tcp(server):
-    port = int(server.rsplit(":", 1)[1])
-    assert readiness.check_once(Readiness("tcp", address="127.0.0.1", port=port)).ok
-    bad = readiness.check_once(Readiness("tcp", address="127.0.0.1", port=1))
-    assert not bad.ok and "127.0.0.1:1" in bad.detail
+def test_only_http_is_polled_from_the_controller():
+    """The plan's readiness kinds are http and process (systemd's); nothing plans a tcp check any more."""
+    with pytest.raises(M3Error, match="readiness kind 'process' cannot be polled.*supported: http"):
+        readiness.check_once(Readiness("process"))
 
 
 def test_wait_instances(server):

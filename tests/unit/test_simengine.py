@@ -3,8 +3,7 @@ import importlib.util
 import json
 import re
 
-from m3deploy.check import contract, smoke
-from m3deploy.check.verify import registered_services
+from m3deploy.check.verify import contract, registered_services, smoke
 from m3deploy.controller import mockmodel
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory, simengine

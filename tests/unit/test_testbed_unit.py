@@ -1,7 +1,6 @@
 """Pure parts of m3deploy.testbed: names, addresses, rendered files, parsing, error texts."""
 
 import json
-import os
 
 import pytest
 
@@ -131,46 +130,3 @@ def test_missing_tools_error_offers_install_deps(monkeypatch):
     monkeypatch.setattr(core.shutil, "which", lambda t: None if t in ("debootstrap", "apt-cacher-ng") else "/x")
     with pytest.raises(M3Error, match=r"--install-deps.*apt-get install -y apt-cacher-ng debootstrap"):
         core.preflight()
-
-
-# ------------------------------------------------------------------ the lock file: no symlink, root's, never truncated
-@pytest.fixture
-def lock_at(tmp_path, monkeypatch):
-    path = tmp_path / "run" / "m3deploy-testbed.lock"
-    monkeypatch.setattr(C, "LOCK_PATH", str(path))
-    return path
-
-
-def test_lock_is_created_0600_and_held_line_written(lock_at):
-    with core.locked("up 3 --name t"):
-        assert lock_at.read_text().startswith(f"pid {os.getpid()}: up 3 --name t")
-        assert lock_at.stat().st_mode & 0o777 == 0o600
-    assert lock_at.read_text() == ""
-
-
-def test_lock_through_a_symlink_is_refused_and_the_target_untouched(lock_at, tmp_path):
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
-    lock_at.parent.mkdir()
-    lock_at.symlink_to(victim)
-    with pytest.raises(M3Error, match="is a symlink.*Fix: remove it"):
-        with core.locked("up 3"):
-            pass
-    assert victim.read_text() == "precious\n"
-
-
-def test_lock_not_owned_by_root_is_refused(lock_at):
-    lock_at.parent.mkdir()
-    lock_at.write_text("")
-    os.chown(lock_at, 65534, 65534)
-    with pytest.raises(M3Error, match="owned by uid 65534, not root"):
-        with core.locked("up 3"):
-            pass
-
-
-def test_lock_that_is_a_fifo_is_refused(lock_at):
-    lock_at.parent.mkdir()
-    os.mkfifo(lock_at)
-    with pytest.raises(M3Error, match="not a regular file"):
-        with core.locked("up 3", timeout_s=0):
-            pass

@@ -20,7 +20,6 @@ import sys
 import time
 
 import pytest
-
 from test_etcd_auth_script import Etcd, _login, _post, _run_script
 from test_etcd_auth_script import _port as _free_port  # bound and closed again: nobody listens on it
 

@@ -8,12 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from m3deploy.check import checks, verify
+from m3deploy.check.verify import smoke
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
-
-from m3deploy.check import smoke
-
-from m3deploy.check import checks, verify
 from m3deploy.core.build import InvHost
 
 
@@ -268,7 +266,7 @@ def test_cli_exit_codes(monkeypatch, tmp_path):
     from m3deploy.cli.verify import verify as verify_cmd
 
     monkeypatch.setattr(inventory, "load_inventory", lambda path, override_data=None: [])
-    monkeypatch.setattr(planmod, "build", lambda inv, name=None: p)
+    monkeypatch.setattr(planmod, "build", lambda inv, name=None, facts=None: p)
     results = _results()
     monkeypatch.setattr(verify, "run_checks", lambda checks, ctx: results)
     out = tmp_path / "r.json"

@@ -58,9 +58,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 class _Suite:
     def __init__(self, config):
+        from m3deploy.check import verify
         from m3deploy.core import build as planmod
         from m3deploy.core import inventory
-        from m3deploy.check import verify
 
         inv_path = config.getoption("--inventory")
         self.inventory = inventory.load_inventory(inv_path)

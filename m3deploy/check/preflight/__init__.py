@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from m3deploy.core import catalog
+from m3deploy.core.catalog import version_tuple
 from m3deploy.core.model import HostPlan
-from m3deploy.core import inventory
 
 NCCL_SCRIPT = Path(__file__).with_name("nccl_allreduce.py")
 NCCL_MARKER = "M3_NCCL_RESULT "
@@ -55,10 +55,6 @@ def model_matches(expected: str, actual: str) -> bool:
     if not e:
         return True
     return a == e or a.startswith(e + " ")
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v or "")[:3])
 
 
 def _gb(n_bytes: int) -> str:
@@ -128,10 +124,10 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
             out.append(Check("gpu-memory", not low, f"{mem} MiB per GPU (plan: {hp.gpu_memory_gb} GB)",
                              "" if not low else "check MIG/partitioning or the platform of this host"))
 
-    if vendor == "nvidia" or (hp.gpu_vendor == "nvidia" and not vendor):
+    if hp.gpu_vendor == "nvidia":  # the driver the plan's driver section names (a wrong vendor: gpu-vendor above)
         ver = driver.get("version") or ""
-        branch = _version_tuple(ver)[:1]
-        min_branch = int(catalog.vendor("nvidia")["driver_branch"])
+        branch = version_tuple(ver)[:1]
+        min_branch = hp.driver.branch  # the plan's driver section: what the drivers role installs
         ok = bool(branch) and branch[0] >= min_branch
         detail = f"NVIDIA driver {ver or 'not loaded'}"
         if driver.get("flavor"):
@@ -146,10 +142,10 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
             out.append(Check("mig", not migs, "MIG disabled" if not migs else
                              f"MIG enabled on GPU(s) {', '.join(str(g['index']) for g in migs)}",
                              "" if not migs else "sudo nvidia-smi -mig 0 (then reset the GPUs or reboot)"))
-    elif vendor == "amd" or hp.gpu_vendor == "amd":
+    elif hp.gpu_vendor == "amd":
         rocm = driver.get("rocm_version") or ""
-        rocm_min = str(catalog.vendor("amd")["rocm"])
-        ok = bool(rocm) and _version_tuple(rocm)[:2] >= _version_tuple(rocm_min)[:2]
+        rocm_min = hp.driver.rocm
+        ok = bool(rocm) and version_tuple(rocm)[:2] >= version_tuple(rocm_min)[:2]
         out.append(Check("driver", ok, f"ROCm {rocm or 'not installed'}, amdgpu {driver.get('version') or '?'}"
                          f"; need ROCm >= {rocm_min}",
                          "" if ok else f"install ROCm {rocm_min}+ with amdgpu-install (drivers role)"))
@@ -284,8 +280,9 @@ def run_nccl_check(host, hp: HostPlan, min_busbw_gbps: float = 0.0, timeout: int
 # Running it (pyinfra API) and the CLI
 # --------------------------------------------------------------------------------------------
 
-def _pyinfra_inventory(path: str):
-    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.build does."""
+def pyinfra_inventory(path: str):
+    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.inventory does
+    (preflight connects to its hosts; the plan comes from m3deploy.cli.load)."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -297,15 +294,6 @@ def _pyinfra_inventory(path: str):
             extra.append(str(cand))
     with ctx_state.use(State()):
         return make_inventory(str(p), cwd=str(Path.cwd()), group_data_directories=extra)
-
-
-def load_plan(inventory_path: str):
-    """(pyinfra Inventory, ClusterPlan) for an inventory file; the plan comes from m3deploy.core.build."""
-    from m3deploy.core import build as plan_mod
-
-    hosts = inventory.load_inventory(inventory_path)
-    cluster = plan_mod.build(hosts, name=Path(inventory_path).stem)
-    return _pyinfra_inventory(inventory_path), cluster
 
 
 def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = False) -> dict[str, dict]:

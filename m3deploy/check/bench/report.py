@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from m3deploy.check import serverview
+from m3deploy.check.bench import serverview
 
 PCTS = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
@@ -289,7 +289,7 @@ def compare_notes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def compare_markdown(rows: list[dict[str, Any]], notes: list[str], old_dir: str, new_dir: str) -> str:
-    lines = [f"# m3deploy bench --compare", "", f"old: `{old_dir}`  new: `{new_dir}`", "",
+    lines = ["# m3deploy bench --compare", "", f"old: `{old_dir}`  new: `{new_dir}`", "",
              "| metric | old | new | delta | delta % | |", "|---|---|---|---|---|---|"]
     for r in rows:
         mark = {True: "better", False: "worse", None: ""}[r["better"]]

@@ -28,10 +28,18 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from m3deploy.check.checks import (
+    Check,
+    CheckFailed,
+    Context,
+    frontend,
+    generate_requests,
+    instance_services,
+    metrics_url,
+    worker_id_hex,
+)
 from m3deploy.controller import tls
 from m3deploy.core.model import ClusterPlan
-from m3deploy.check.checks import (Check, CheckFailed, Context, frontend, generate_requests, instance_services,
-                     metrics_url, worker_id_hex)
 
 WORKER_ID = {"nvext": {"extra_fields": ["worker_id"]}}
 TOOLS = [{"type": "function", "function": {

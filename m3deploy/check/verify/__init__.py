@@ -14,7 +14,7 @@ Every check is derived from the ClusterPlan (m3deploy.core.build.build), never h
   URL (etcd /health says healthy, NATS /healthz?js-enabled-only=true, frontend /live, worker system-port
   /health); `instances/...` the frontend's /health lists every planned worker instance (endpoint
   "generate") on the planned worker addresses.
-- smoke requests through the frontend (m3deploy.check.smoke).
+- smoke requests through the frontend (m3deploy.check.verify.smoke).
 
 A check is a function returning its evidence (a short string) or raising CheckFailed(evidence). The
 report lists each check, PASS/FAIL, the evidence, and for failures a command that reproduces it.
@@ -24,24 +24,28 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
-import subprocess
-import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from m3deploy.check import hfcache
+from m3deploy.check.checks import (
+    WILDCARDS,
+    Check,
+    CheckFailed,
+    Context,
+    Result,
+    _url_host,
+    frontend,
+    frontend_url,
+    generate_instances,
+    instance_address,
+    instance_services,
+    ssh_command,
+)
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
-
-from m3deploy.check import hfcache
-from m3deploy.check.checks import (WILDCARDS, Check, CheckFailed, Context, Result, _url_host, frontend, frontend_url,
-                                   generate_instances, instance_address, instance_services, ssh_command)
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:
@@ -203,7 +207,7 @@ def _instances_check(plan: ClusterPlan, url: str) -> Callable[[Context], str]:
             inst = generate_instances(json.loads(body))
         except (ValueError, AttributeError):
             raise CheckFailed(f"GET {url}: body is not the frontend's health JSON: {body[:200]}") from None
-        want = Counter(_url_host(h, next((p.address for p in s.ports if p.name == "system"), h.address))
+        want = Counter(_url_host(h, s.port("system").address if s.port("system") else h.address)
                        for h, s in expected)
         got = Counter(instance_address(i) for i in inst)
         names = {(_url_host(h, h.address)): f"{h.name}" for h, _ in expected}
@@ -297,7 +301,8 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
         url = frontend_url(plan, "/health")
         out.append(Check(
             id=f"instances/{fe[0].name}/{fe[1].name}", group="instances", target=fe[0].name,
-            title=f"frontend /health lists {len(registered_services(plan))} generate instance(s) on the planned workers",
+            title=f"frontend /health lists {len(registered_services(plan))} generate instance(s) on the planned "
+                  "workers",
             fn=_instances_check(plan, url), reproduce=f"curl -sS {shlex.quote(url)} | python3 -m json.tool"))
     if not only_host and any(s.secret_env for h in plan.hosts for s in h.services):
         from m3deploy.controller.secrets import secrets_path
@@ -306,7 +311,8 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
         if os.path.exists(path):
             out.append(Check(id="secrets/controller", group="secrets", target="controller",
                              title="the controller's secrets store is 0600 in a 0700 dir", fn=_store_check(path),
-                             reproduce=f"stat -c '%a %U:%G %n' {shlex.quote(path)} {shlex.quote(os.path.dirname(path))}"))
+                             reproduce=f"stat -c '%a %U:%G %n' {shlex.quote(path)} "
+                                       f"{shlex.quote(os.path.dirname(path))}"))
     return out
 
 
@@ -316,16 +322,16 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     if only_host and only_host not in {h.name for h in plan.hosts}:
         raise M3Error(f"--host {only_host}: no such host in cluster {plan.name} "
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
-    from m3deploy.check.edgecheck import edge_checks
+    from m3deploy.check.verify.edge import edge_checks
 
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host) + edge_checks(plan, inv, only_host)
     if not only_host:  # m3_monitor: Prometheus scrapes every target, loads the rules, counts pinned requests
-        from m3deploy.check.metrics import metrics_checks
+        from m3deploy.check.verify.metrics import metrics_checks
 
         checks += metrics_checks(plan)
     if smoke:
-        from m3deploy.check import contract
-        from m3deploy.check import smoke as smokemod
+        from m3deploy.check.verify import contract
+        from m3deploy.check.verify import smoke as smokemod
 
         checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan)
     return checks

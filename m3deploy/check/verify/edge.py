@@ -72,7 +72,8 @@ def _backends(h: HostPlan) -> Callable[[Context], str]:
         sock = shlex.quote(edge.EDGE_SOCKET)
         r = ctx.run(h.name, f"python3 -c {shlex.quote(_CLI)} {sock} 'show stat'")
         if r.rc != 0:
-            raise CheckFailed(f"the edge's runtime API on {h.name} ({edge.EDGE_SOCKET}): {(r.stderr or r.stdout)[:200]}")
+            out = (r.stderr or r.stdout)[:200]
+            raise CheckFailed(f"the edge's runtime API on {h.name} ({edge.EDGE_SOCKET}): {out}")
         lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
         head = lines[0].lstrip("# ").split(",") if lines else []
         rows = [dict(zip(head, ln.split(","))) for ln in lines[1:]]

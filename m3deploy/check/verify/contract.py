@@ -19,7 +19,17 @@ from typing import Callable
 
 from m3deploy.check import readiness
 from m3deploy.check.checks import Check, CheckFailed, Context, frontend, frontend_url, instance_services
-from m3deploy.check.smoke import TOOLS, _call, _curl, _msgs, _usage_ok, chat, deltas, request_counters, worker_map
+from m3deploy.check.verify.smoke import (
+    TOOLS,
+    _call,
+    _curl,
+    _msgs,
+    _usage_ok,
+    chat,
+    deltas,
+    request_counters,
+    worker_map,
+)
 from m3deploy.core.model import ClusterPlan
 from m3deploy.core.simengine import tool_call_model
 
@@ -145,7 +155,8 @@ def _image_input(ctx: Context) -> str:
     import openai
 
     want = image_policy(ctx.plan)
-    content = [{"type": "text", "text": "What colour is this pixel?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    content = [{"type": "text", "text": "What colour is this pixel?"},
+               {"type": "image_url", "image_url": {"url": PIXEL}}]
     try:
         r = ctx.openai().chat.completions.create(model=ctx.plan.served_model_name, max_tokens=8,
                                                  messages=[{"role": "user", "content": content}])
@@ -190,15 +201,10 @@ def _routable(ctx: Context) -> str:
     if missing:
         raise CheckFailed(f"no Dynamo worker id in /metrics of {missing}")
     before = request_counters(ctx)
-    wrong = []
     back = {v: k for k, v in ids.items()}
-    for key in planned:
-        try:
-            got = readiness.pinned_chat(ctx.plan.endpoint, ctx.plan.served_model_name, ids[key], api_key=ctx.api_key)
-        except (OSError, ValueError) as e:
-            raise CheckFailed(f"request pinned to {key} (instance {ids[key]}): {e}") from None
-        if got != ids[key]:
-            wrong.append(f"{key} -> {back.get(got, got)}")
+    got = readiness.answered_by_each(ctx.plan.endpoint, ctx.plan.served_model_name, {k: ids[k] for k in planned},
+                                     api_key=ctx.api_key)
+    wrong = [f"{key} -> {back.get(got[key], got[key])}" for key in planned if got[key] != ids[key]]
     d = deltas(before, request_counters(ctx))
     ev = f"{len(planned) - len(wrong)}/{len(planned)} pinned requests answered by their worker; /metrics " + \
          ", ".join(f"{k} +{v}" for k, v in sorted(d.items()))

@@ -1,5 +1,5 @@
 """`m3deploy bench INVENTORY`: the seed's benchmark (or a sweep, or your own workload) against a deployed cluster,
-gated on readiness, with a report (m3deploy.benchreport).
+gated on readiness, with a report (m3deploy.check.bench.report).
 
 Clients (never a home-made load generator):
 - `vllm` (default when the workers run in a container): `vllm bench serve` inside the first worker's own engine
@@ -31,7 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from m3deploy.check import benchreport, serverview
+from m3deploy.check.bench import report as benchreport
+from m3deploy.check.bench import serverview
 from m3deploy.core.build import API_KEY_SECRET
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -233,7 +234,8 @@ def wait_routable(plan: ClusterPlan, ctx, timeout_s: float, on_wait: Callable[[s
     """Every planned worker is listed by the frontend (on its planned address), each worker's /health answers,
     and real requests are answered; polled until timeout_s. Returns the evidence; raises M3Error naming what is
     missing. `on_wait` hears each new reason to wait."""
-    from m3deploy.check import smoke, verify
+    from m3deploy.check import verify
+    from m3deploy.check.verify import smoke
 
     workers = {f"health/{k}" for w in plan.workers for k in w.services}
     wanted = {"instances", "smoke/models", "smoke/completions", "smoke/chat", *workers}
@@ -267,8 +269,8 @@ def gate_timeout(plan: ClusterPlan) -> int:
 
 def worker_requests(plan: ClusterPlan, ctx) -> dict[str, float]:
     """{"host/service": generate requests so far} from each planned worker's /metrics (none: {})."""
-    from m3deploy.check import smoke
     from m3deploy.check.checks import instance_services, metrics_url
+    from m3deploy.check.verify import smoke
 
     if not any(metrics_url(h, s) for h, s in instance_services(plan)):
         return {}
@@ -350,7 +352,7 @@ def run(plan: ClusterPlan, inventory, profile: str, w: Workload, out: Path, clie
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from m3deploy.check.checks import Context
-    from m3deploy.check.smoke import deltas
+    from m3deploy.check.verify.smoke import deltas
 
     ctx = Context(plan, inventory, request_timeout=120.0)
     try:
@@ -429,7 +431,8 @@ def write(report: dict[str, Any], runs: list[dict[str, Any]], out: Path) -> list
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(benchreport.markdown(report))
     fp = report["config"]["plan"]
-    title = f"{fp['cluster']}: {fp['model']} {fp['variant']} {fp['parallel']} ({fp['engine']}, {report['config']['profile']})"
+    title = (f"{fp['cluster']}: {fp['model']} {fp['variant']} {fp['parallel']} "
+             f"({fp['engine']}, {report['config']['profile']})")
     files = [out / "report.json", out / "report.md",
              benchreport.plot_latency(runs, out / "latency.png", title)]
     if report.get("workers"):

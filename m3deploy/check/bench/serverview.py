@@ -73,7 +73,8 @@ def collect(plan: ClusterPlan, start: float, end: float) -> dict[str, Any]:
 def markdown(view: dict[str, Any]) -> list[str]:
     if not view.get("summary"):
         return []
-    lines = ["", f"Server side, from Prometheus ({view['window']['prometheus']}, {view['window']['step_s']:g} s steps):",
+    win = view["window"]
+    lines = ["", f"Server side, from Prometheus ({win['prometheus']}, {win['step_s']:g} s steps):",
              "", "| metric | series | max | mean |", "|---|---|---|---|"]
     for name, per in view["summary"].items():
         for key, s in sorted(per.items()):

@@ -1,0 +1,75 @@
+"""End-to-end: a cluster named only by its inventory file (issue 22), as a new user makes one: inventories/testbed.py
+copied to mylab.py, its group_data without the `m3_cluster` line. `pyinfra -y .../mylab.py deploy.py` then
+`m3deploy verify .../mylab.py` passes with 0 failed, and the controller's secrets store and deploy record are
+`<M3DEPLOY_CONFIG>/mylab/`, not a `cluster` store that every such cluster would share.
+
+Its own testbed: name m3ml, subnet 10.101.0.0/24, 3 hosts (1 control + 2 workers). The copies live in a temporary
+directory (inventories/mylab.py, inventories/group_data/mylab.py: pyinfra and m3deploy both read the group_data
+beside an inventory file); the deploy runs from the repository root as a user runs it. Needs root and the
+testbed's tools; torn down afterwards (M3_E2E_KEEP=1 keeps it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+NAME = "m3ml"
+SUBNET = "10.101.0.0/24"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tool(name: str) -> list[str]:
+    exe = shutil.which(name)
+    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
+
+
+def tb(*args, timeout=300):
+    r = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], capture_output=True, text=True,
+                       cwd=REPO, timeout=timeout)
+    assert r.returncode == 0, f"testbed {args}: {r.stdout}{r.stderr}"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the testbed needs root")
+    root = tmp_path_factory.mktemp("mylab")
+    (root / "inventories" / "group_data").mkdir(parents=True)
+    inventory = root / "inventories" / "mylab.py"
+    shutil.copy(REPO / "inventories" / "testbed.py", inventory)
+    text = (REPO / "group_data" / "testbed.py").read_text()
+    assert "m3_cluster" in text
+    (root / "inventories" / "group_data" / "mylab.py").write_text(
+        "".join(line for line in text.splitlines(keepends=True) if not line.startswith("m3_cluster")))
+    config = root / "config"
+    env = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": str(config),
+           "PYTHONUNBUFFERED": "1"}
+    tb("down", "--name", NAME)
+    tb("up", "3", "--name", NAME, "--subnet", SUBNET)
+    yield inventory, config, env
+    if not os.environ.get("M3_E2E_KEEP"):
+        tb("down", "--name", NAME)
+
+
+def test_deploy_then_verify_under_the_files_name(lab):
+    inventory, config, env = lab
+    r = subprocess.run([*_tool("pyinfra"), "-y", str(inventory), "deploy.py"], cwd=REPO, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-6000:]
+    v = subprocess.run([*_tool("m3deploy"), "verify", str(inventory), "--json"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    doc = json.loads(v.stdout)
+    failed = [c for c in doc["results"] if not c["ok"]]
+    assert (v.returncode, doc["cluster"], doc["failed"]) == (0, "mylab", 0), f"{failed}\n{v.stderr[-3000:]}"
+    assert sorted(p.name for p in config.iterdir()) == ["mylab"]
+    record = json.loads((config / "mylab" / "deployed.json").read_text())
+    assert sorted(record["hosts"]) == [f"{NAME}-01", f"{NAME}-02", f"{NAME}-03"]
+    assert (config / "mylab" / "secrets.json").stat().st_mode & 0o077 == 0
