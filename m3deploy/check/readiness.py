@@ -1,6 +1,6 @@
 """Poll a service's Readiness from the controller (pure Python, no pyinfra): never sleep-and-hope.
 
-`wait_ready(readiness, what=..., logs=callable)` polls an http check every
+`wait_ready(readiness, what=..., logs=callable)` polls an http or tcp check (the edge; an MPI world's sshd) every
 `interval_s` until it passes or `timeout_s` runs out; on failure it raises NotReady (an M3Error)
 naming the check, the last observation and the unit's last journal lines (fetched by `logs()`,
 e.g. over the pyinfra connection: roles pass a function that runs `journalctl -u UNIT -n 40`).
@@ -10,6 +10,7 @@ Also `wait_instances()`: the Dynamo frontend's /health lists at least N `generat
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -75,7 +76,15 @@ def check_http(r: Readiness, timeout: float = 5.0) -> Result:
     return Result(True, f"GET {r.url}: HTTP {status}")
 
 
-CHECKS = {"http": check_http}
+def check_tcp(r: Readiness, timeout: float = 3.0) -> Result:
+    try:
+        with socket.create_connection((r.address, r.port), timeout=timeout):
+            return Result(True, f"tcp {r.address}:{r.port} accepts")
+    except OSError as e:
+        return Result(False, f"tcp {r.address}:{r.port}: {e.strerror or e}")
+
+
+CHECKS = {"http": check_http, "tcp": check_tcp}
 
 
 def check_once(r: Readiness) -> Result:
@@ -90,6 +99,8 @@ def describe(r: Readiness) -> str:
     if r.kind == "http":
         extra = "".join(f" and {k}={v}" for k, v in r.expect_json)
         return f"GET {r.url} answers {r.expect_status}{extra}"
+    if r.kind == "tcp":
+        return f"{r.address}:{r.port} accepts TCP"
     return r.kind
 
 

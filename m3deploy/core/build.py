@@ -23,17 +23,15 @@ from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
 from m3deploy.core.model import (
     ClusterPlan,
-    DriverPlan,
     HostPlan,
-    ImagesPlan,
     ModelRepo,
     Port,
     Provenance,
     Readiness,
     Service,
-    WeightsPlan,
     WorkerPlan,
 )
+from m3deploy.core.sections import driver_plan, images_plan, weights_plan
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
@@ -281,42 +279,6 @@ def _host_plan(c: _Common, h: InvHost, address: str, services: list[Service], sp
         if weights_dir else None,
         preflight_ignore=tuple(str(x) for x in settings.get(h.data, "m3_preflight_ignore")),
         services=tuple(services), data=tuple(sorted((k, v) for k, v in h.data.items() if k.startswith("m3_"))))
-
-
-def driver_plan(data: Mapping[str, Any], platform: str, vendor: str) -> DriverPlan:
-    """A GPU host's driver: its m3_* data where set, else the catalog's vendor defaults and its platform's fabric."""
-    def get(key):
-        return settings.get(data, key)
-
-    allow_reboot = bool(get("m3_allow_reboot"))
-    if vendor == "amd":
-        return DriverPlan(vendor="amd", rocm=str(get("m3_rocm_version") or catalog.vendor("amd")["rocm"]),
-                          amdgpu_install_deb=str(get("m3_amdgpu_install_deb") or ""),
-                          amdgpu_usecase=str(get("m3_amdgpu_usecase")), gpu_users=tuple(get("m3_gpu_users")),
-                          allow_reboot=allow_reboot)
-    nvidia, fabric = catalog.vendor("nvidia"), catalog.fabric_services(platform)
-    fm, imex = get("m3_fabric_manager"), get("m3_imex")
-    return DriverPlan(vendor="nvidia", branch=int(get("m3_nvidia_driver_branch") or nvidia["driver_branch"]),
-                      flavor=str(get("m3_nvidia_driver_flavor") or nvidia["driver_flavor"]),
-                      fabric_manager="nvidia-fabricmanager" in fabric if fm is None else bool(fm),
-                      imex="nvidia-imex" in fabric if imex is None else bool(imex),
-                      repo_url=str(get("m3_nvidia_repo_url") or ""), allow_reboot=allow_reboot)
-
-
-def images_plan(data: Mapping[str, Any], pull: str) -> ImagesPlan:
-    return ImagesPlan(pull=str(pull),
-                      archive_dir=str(settings.get(data, "m3_image_archive_dir") or ""),
-                      container_python=str(settings.get(data, "m3_container_python")),
-                      sim_rootfs=str(settings.get(data, "m3_sim_image_rootfs") or ""),
-                      docker_packages=tuple(str(p) for p in settings.get(data, "m3_docker_packages")))
-
-
-def weights_plan(data: Mapping[str, Any], services: list[Service], venv: str) -> WeightsPlan:
-    image = next((x.image for x in services if x.kind == "worker" and x.image), "")
-    return WeightsPlan(download=str(settings.get(data, "m3_weights_download") or ("image" if image else "host")),
-                       verify=bool(settings.get(data, "m3_weights_verify")),
-                       hf_cli=str(settings.get(data, "m3_hf_cli") or (f"{venv}/bin/hf" if venv else "hf")),
-                       token_file=str(settings.get(data, "m3_hf_token_file") or ""))
 
 
 def _fill(value, fill: Mapping[str, Any]) -> str | None:

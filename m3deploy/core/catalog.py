@@ -99,12 +99,13 @@ def supported_os() -> set[tuple[str, str]]:
 
 def model_constants(engine: str) -> dict[str, Any]:
     """The model's constants, written once in catalog.yaml `model:` and read as placeholders by the recipe layers
-    (`{block_size}`, `{max_context}`, `{reasoning_parser}`, `{tool_call_parser}`: the engine's parser names) and
-    by validation."""
+    (`{block_size}`, `{max_context}`, `{reasoning_parser}`, `{tool_call_parser}`: the engine's parser names;
+    `{dyn_reasoning_parser}`, `{dyn_tool_call_parser}`: the Dynamo runtime's) and by validation."""
     m = catalog()["model"]
-    parsers = m["parsers"].get(engine) or {}
+    parsers, dyn = m["parsers"].get(engine) or {}, m["parsers"].get("dynamo") or {}
     return {"block_size": m["block_size"], "max_context": m["max_context"], "native_context": m["native_context"],
-            "reasoning_parser": parsers.get("reasoning"), "tool_call_parser": parsers.get("tool_call")}
+            "reasoning_parser": parsers.get("reasoning"), "tool_call_parser": parsers.get("tool_call"),
+            "dyn_reasoning_parser": dyn.get("reasoning"), "dyn_tool_call_parser": dyn.get("tool_call")}
 
 
 def version_tuple(v: str) -> tuple[int, ...]:

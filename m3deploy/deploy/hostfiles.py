@@ -27,8 +27,9 @@ from pathlib import Path
 from m3deploy.controller.images import built_here
 from m3deploy.core import monitor
 from m3deploy.core.errors import M3Error
-from m3deploy.core.inputs import PORT_RANGE, image_problem, teardown_path_problem, unbracketed_urls
+from m3deploy.core.inputs import PORT_RANGE, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
+from m3deploy.core.refs import image_problem
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import edgefiles
 from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path

@@ -16,8 +16,8 @@ import pytest
 from m3deploy import facts as F
 from m3deploy.check import hfcache
 from m3deploy.core import settings
-from m3deploy.core.build import driver_plan, images_plan, weights_plan
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
+from m3deploy.core.sections import driver_plan, images_plan, weights_plan
 from roles.drivers import amdgpu_install_url, deploy_drivers
 from roles.images import deploy_images, image_archive_name
 from roles.preflight import PreflightFailed, preflight
@@ -38,7 +38,7 @@ def worker(host="h200-01", image=IMAGE):
 
 
 def hplan(name="h200-01", platform="h200", vendor="nvidia", model="NVIDIA H200", gpus=2, image=IMAGE, data=None, **kw):
-    """A GPU host's plan; its driver, images and weights sections are the plan's own (core.build.driver_plan,
+    """A GPU host's plan; its driver, images and weights sections are the plan's own (core.sections.driver_plan,
     images_plan, weights_plan) for the m3_* `data`."""
     data = data or {}
     services = (worker(name, image),) if gpus else ()

@@ -95,7 +95,7 @@ def test_the_rules_and_dashboards_use_only_names_a_dynamo_161_frontend_and_mocke
     name a rule or panel of the testbed's plan reads is one a 1.6.1 frontend or mocker served here."""
     served = names("dynamo-1.6.1-frontend.txt") | names("dynamo-1.6.1-mocker.txt")
     p = plan("gb200", m3_monitor=True, m3_engine="mocker", m3_platform="sim", m3_parallel="tp1",
-             m3_variant="bf16")
+             m3_variant="bf16", m3_features=[])  # gb200's eagle3-gqa and text-only are vLLM's: refused on the mocker
     used = M.used_metrics(p)
     dynamo = {n for n in used if n.startswith(("dynamo_", "vllm:"))}
     assert dynamo, used
@@ -180,7 +180,8 @@ def test_status_reads_a_161_mockers_own_metrics():
     """`m3deploy status --source direct` on the /metrics text a Dynamo 1.6.1 mocker served after 5 requests."""
     from m3deploy.check import status
 
-    p = plan("gb200", m3_monitor=True, m3_engine="mocker", m3_platform="sim", m3_parallel="tp1", m3_variant="bf16")
+    p = plan("gb200", m3_monitor=True, m3_engine="mocker", m3_platform="sim", m3_parallel="tp1", m3_variant="bf16",
+             m3_features=[])  # gb200's eagle3-gqa and text-only are vLLM's: refused on the mocker
     h = p.host(p.workers[0].hosts[0])
     s = h.service(p.workers[0].services[0].split("/")[1])
     row = status._direct_worker(p, h, s, (FIX / "dynamo-1.6.1-mocker.metrics").read_text())
