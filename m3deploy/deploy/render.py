@@ -7,6 +7,7 @@ pyinfra project's templates/ (beside roles/ and deploy.py), read from the checko
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -73,7 +74,10 @@ def container_name(service: Service) -> str:
     return cmd[cmd.index("--name") + 1] if service.image and "--name" in cmd else ""
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """One environment per process: it keeps each compiled template (and recompiles one whose file changed), so a
+    deploy compiles a template once, not once per host and file."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False, finalize=_one_line)
