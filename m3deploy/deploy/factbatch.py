@@ -4,8 +4,8 @@ pyinfra 3.10 runs one SSH command per fact and keeps no cache (pyinfra/api/facts
 operations one at a time across the cluster, gathering each operation's facts when it executes. A no-change
 re-run of the testbed asked ~30 facts per host, one round trip each, one after another: most of its time.
 
-Here a run asks the facts its previous run on that host asked (`<cache>/<cluster>/fact-rounds.json`, written at
-the end of every run; a teardown has its own record), all in one command, on the host's first fact. Each answer is served whenever the run asks for
+Here a run asks the facts its previous run on that host asked (`<cache>/<cluster>/fact-rounds-<state>.json`, written as
+pyinfra disconnects each host at the end of a run; a teardown has its own record), all in one command, on the host's first fact. Each answer is served whenever the run asks for
 that same fact (same class, same command); anything else, and everything after the first command this run sends to
 the host that is not a fact (an operation's change), goes to pyinfra as before. So a fact is never older than the
 last change the run made on that host: what an operation sees is what it would have seen live, unless something
@@ -19,7 +19,6 @@ the shell commands of `server.Command` facts); it is written 0600.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
@@ -30,6 +29,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 from pyinfra.api.facts import ShortFactBase, _handle_fact_kwargs, _make_command
+from pyinfra.api.state import BaseStateCallback
 
 MARK = "@@m3-fact-round"
 VERSION = 1
@@ -41,9 +41,9 @@ def record_path(record: str) -> Path:
     return Path(root) / f"{record}.json"
 
 
-def _load(record: str) -> dict[str, list]:
+def _load(path: Path) -> dict[str, list]:
     try:
-        data = json.loads(record_path(record).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data.get("hosts", {}) if data.get("version") == VERSION else {}
@@ -177,36 +177,43 @@ class _HostFacts:
 _EXEC_ARGS = ("_sudo", "_sudo_user", "_su_user", "_doas", "_doas_user", "_dzdo", "_dzdo_user", "_chdir", "_env")
 
 
+class _SaveOnDisconnect(BaseStateCallback):
+    """pyinfra disconnects every host at the end of a run (api/host.py `disconnect` -> `host_disconnect`)."""
+
+    def __init__(self, path: Path, hosts: dict[str, _HostFacts]):
+        self.path, self.hosts = path, hosts
+
+    def host_disconnect(self, state, host):
+        hf = self.hosts.get(host.name)
+        if hf is not None and hf.asked:
+            _save(self.path, {host.name: hf.asked})
+
+
 def install(state, record: str) -> None:
-    """Batch every host's facts for this run (once per run), and record what was asked for the next one.
-    `record`: the record's name under the cache (`<cluster>/fact-rounds-<state>`: a deploy and a teardown ask
-    different facts)."""
+    """Batch every host's facts for this run (once per run), and record what was asked for the next one (when pyinfra
+    disconnects each host). `record`: the record's name under the cache (`<cluster>/fact-rounds-<state>`: a deploy
+    and a teardown ask different facts); its path is fixed here, at the start of the run."""
     if getattr(state, "_m3_fact_rounds", None) is not None:
         return
-    wanted = _load(record)
+    path = record_path(record)
+    wanted = _load(path)
     hosts = {}
     for h in state.inventory:
         hf = _HostFacts(h, wanted.get(h.name, []))
         h.get_fact, h.run_shell_command, h.put_file = hf.fact, hf.run_shell_command, hf.put_file
         hosts[h.name] = hf
     state._m3_fact_rounds = hosts
-    atexit.register(_save, record, hosts)
+    state.add_callback_handler(_SaveOnDisconnect(path, hosts))
 
 
-def _save(record: str, hosts: dict[str, _HostFacts]) -> None:
-    asked = {n: hf.asked for n, hf in hosts.items() if hf.asked}
-    if not asked:
-        return
-    data = {"version": VERSION, "hosts": {**_load(record), **asked}}  # --limit: the other hosts' entries stay
-    p = record_path(record)
+def _save(path: Path, asked: dict[str, list]) -> None:
+    data = {"version": VERSION, "hosts": {**_load(path), **asked}}  # --limit: the other hosts' entries stay
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=0)
-        os.replace(tmp, p)
+        os.replace(tmp, path)
     except OSError:
         pass  # the next run asks its facts one by one
-
-

@@ -33,6 +33,12 @@ def _counting(state, host) -> list[str]:
     return sent
 
 
+def _end(state):
+    """The end of a run: pyinfra disconnects every host (the record is written then)."""
+    for h in state.inventory:
+        h.disconnect()
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
@@ -51,7 +57,7 @@ def test_second_run_asks_every_fact_in_one_round(cache):
     sent = _counting(state, host)
     first = [host.get_fact(cls, **kw) for cls, kw in asks]
     assert len(sent) == len(asks)  # no record yet: one command per fact, as pyinfra does
-    factbatch._save(RECORD, state._m3_fact_rounds)
+    _end(state)
     assert oct(factbatch.record_path(RECORD).stat().st_mode & 0o777) == "0o600"
 
     state, host = _local_run()
@@ -69,7 +75,7 @@ def test_a_change_on_the_host_ends_the_round_and_facts_are_asked_live(cache):
     factbatch.install(state, RECORD)
     for cls, kw in asks:
         host.get_fact(cls, **kw)
-    factbatch._save(RECORD, state._m3_fact_rounds)
+    _end(state)
 
     state, host = _local_run()
     factbatch.install(state, RECORD)
@@ -83,7 +89,7 @@ def test_a_fact_whose_command_fails_is_asked_live(cache):
     factbatch.install(state, RECORD)
     host.get_fact(Command, command="false", _ignore_errors=True)
     host.get_fact(Command, command="echo ok")
-    factbatch._save(RECORD, state._m3_fact_rounds)
+    _end(state)
     state, host = _local_run()
     factbatch.install(state, RECORD)
     sent = _counting(state, host)
