@@ -35,9 +35,10 @@ from tbssh import state_dir, ssh_to
 
 pytestmark = pytest.mark.e2e
 
-NAME = "m3dep"
-SUBNET = "10.81.0.0/24"
-CONTROL, W1, W2 = "m3dep-01", "m3dep-02", "m3dep-03"
+# another name and range for a run beside another one (tests/e2e on separate testbeds): M3_E2E_DEPLOY_TESTBED/_SUBNET
+NAME = os.environ.get("M3_E2E_DEPLOY_TESTBED", "m3dep")
+SUBNET = os.environ.get("M3_E2E_DEPLOY_SUBNET", "10.81.0.0/24")
+CONTROL, W1, W2 = f"{NAME}-01", f"{NAME}-02", f"{NAME}-03"
 HOSTS = (CONTROL, W1, W2)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = state_dir(NAME)
