@@ -12,12 +12,10 @@ checks file by file against SHA256SUMS (`sha256sum -c`) and only then swaps in. 
 stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
 python3-venv package (`venv --without-pip`, pip bootstrapped from its own wheel).
 """
-import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
-from pyinfra.api.command import FileUploadCommand
+from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
@@ -35,19 +33,6 @@ def _remote_state(wheelhouse: str, venv: str) -> tuple[str, str]:
                                          "else echo broken; fi") or ""
     lines = (out.splitlines() + ["none", "broken"])[:2]
     return lines[0].strip(), lines[1].strip()
-
-
-@operation()
-def ship_wheelhouse(archive: str, dest: str):
-    """The wheelhouse in one transfer: the controller's tar (artifacts.wheelhouse_archive) unpacked into a fresh
-    `<dest>.new`, every file checked against its SHA256SUMS, then swapped for `dest` (stale wheels go with the old
-    copy). A failed check leaves `dest` as it was and fails the operation."""
-    d, new, tar = (shlex.quote(p) for p in (dest, f"{dest}.new", f"{dest}.tar"))
-    yield (f"mkdir -p {shlex.quote(posixpath.dirname(dest))} && chmod 0755 {shlex.quote(posixpath.dirname(dest))} "
-           f"&& rm -rf {new} {tar}")
-    yield FileUploadCommand(archive, f"{dest}.tar")
-    yield (f"install -d -m 0755 -o root -g root {new} && tar -xf {tar} -C {new} --no-same-owner && rm -f {tar} "
-           f"&& (cd {new} && sha256sum --quiet --strict -c {artifacts.MANIFEST}) && rm -rf {d} && mv {new} {d}")
 
 
 @deploy("Ship Dynamo artifacts")
@@ -68,8 +53,8 @@ def deploy_artifacts():
 
     have_wheelhouse, stamp = _remote_state(remote, cp.venv)
     if have_wheelhouse != digest:
-        ship_wheelhouse(name=f"Ship the wheelhouse to {remote} (one archive, checked against {artifacts.MANIFEST})",
-                        archive=str(artifacts.wheelhouse_archive(local)), dest=remote)
+        u.ship_wheelhouse(name=f"Ship the wheelhouse to {remote} (one archive, checked against {artifacts.MANIFEST})",
+                          archive=str(artifacts.wheelhouse_archive(local)), dest=remote)
     else:
         host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
 
