@@ -2,20 +2,22 @@
 
 pyinfra 3.10 runs one SSH command per fact and keeps no cache (pyinfra/api/facts.py `_get_fact`), and it runs
 operations one at a time across the cluster, gathering each operation's facts when it executes. A no-change
-re-run of the testbed asked ~30 facts per host, one round trip each, one after another: most of its time.
+re-run of the 3-host testbed asked 86 facts (35 on the control host), one round trip each, one after another:
+most of its time (benchmarks/results/rerun-2026-12-02.md).
 
-Here a run asks the facts its previous run on that host asked (`<cache>/<cluster>/fact-rounds-<state>.json`, written as
-pyinfra disconnects each host at the end of a run; a teardown has its own record), all in one command, on the host's first fact. Each answer is served whenever the run asks for
-that same fact (same class, same command); anything else, and everything after the first command this run sends to
-the host that is not a fact (an operation's change), goes to pyinfra as before. So a fact is never older than the
-last change the run made on that host: what an operation sees is what it would have seen live, unless something
-outside the run changed the host between that round and the operation (the same window pyinfra's own facts have
-between prepare and execute). A fact whose command failed, printed nothing or needs a missing binary is asked
-live too, so pyinfra's own handling (defaults, errors, failing the host) stays as it is.
+Here a run asks the facts its previous run on that host asked (`<cache>/<cluster>/fact-rounds-<state>.json`,
+written as pyinfra disconnects each host at the end of a run; a teardown has its own record), all in one command,
+on the host's first fact. Each answer is served whenever the run asks for that same fact (same class, same
+command); anything else, and everything after the first command this run sends to the host that is not a fact (an
+operation's change), goes to pyinfra as before. So a fact is never older than the last change the run made on that
+host: what an operation sees is what it would have seen live, unless something outside the run changed the host
+between that round and the operation (the window pyinfra's own prepare-time facts have too). A fact whose command
+failed or needs a missing binary is asked live, so pyinfra's own handling (errors, failing the host) stays as it
+is; one that printed nothing gets the fact's default, as pyinfra gives it.
 
-`install(state)` wraps each host's `get_fact`, `run_shell_command` and `put_file` (instance attributes: the class,
-and tests that patch it, stay as they are). The record holds fact class names and arguments (paths, unit names,
-the shell commands of `server.Command` facts); it is written 0600.
+`install(state, record)` wraps each host's `get_fact`, `run_shell_command` and `put_file` (instance attributes: the
+class, and tests that patch it, stay as they are). The record holds fact class names and arguments (paths, unit
+names, the shell commands of `server.Command` facts); it is written 0600.
 """
 from __future__ import annotations
 
