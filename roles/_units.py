@@ -140,6 +140,20 @@ def put_dir(src: str, dest: str, names: tuple[str, ...], mode: str = "0644"):
         yield f"chmod {mode} {shlex.quote(f'{dest}/{n}')}"
 
 
+@operation()
+def ship_wheelhouse(archive: str, dest: str, mode: str = "0755"):
+    """A wheelhouse in one transfer: the controller's tar (controller.artifacts.wheelhouse_archive) unpacked into a
+    fresh `<dest>.new`, every file checked against its SHA256SUMS, then swapped for `dest` (stale wheels go with the
+    old copy). A failed check leaves `dest` as it was and fails the operation."""
+    from m3deploy.controller.artifacts import MANIFEST
+
+    d, new, tar = (shlex.quote(p) for p in (dest, f"{dest}.new", f"{dest}.tar"))
+    yield f"mkdir -p {shlex.quote(str(Path(dest).parent))} && rm -rf {new} {tar}"
+    yield FileUploadCommand(archive, f"{dest}.tar")
+    yield (f"install -d -m {mode} -o root -g root {new} && tar -xf {tar} -C {new} --no-same-owner && rm -f {tar} "
+           f"&& (cd {new} && sha256sum --quiet --strict -c {MANIFEST}) && rm -rf {d} && mv {new} {d}")
+
+
 class UnitState(FactBase):
     """`<active> <enabled>` of a systemd unit, in one command."""
 

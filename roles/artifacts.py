@@ -5,11 +5,11 @@ Reads (through m3deploy.deploy.context): cluster_plan().dynamo_version, .venv, .
 only hosts with a mocker worker get the model dir).
 
 The controller builds the wheelhouse once, before any host's work (m3deploy.deploy.context ->
-m3deploy.controller.prepare;
-published under ~/.cache/m3deploy/wheelhouse/dynamo-<v>/<digest>/, `current` points at it). On a host it lives in
-/opt/m3/wheelhouse/dynamo-<v>/;
-the host's copy is compared by one fact (sha256 of its SHA256SUMS): when equal nothing is sent.
-After a sync the host verifies every wheel (`sha256sum -c`). The venv is rebuilt only when its
+m3deploy.controller.prepare; published under ~/.cache/m3deploy/wheelhouse/dynamo-<v>/<digest>/, `current` points at
+it). On a host it lives in /opt/m3/wheelhouse/dynamo-<v>/; the host's copy is compared by one fact (sha256 of its
+SHA256SUMS): when equal nothing is sent, else the whole wheelhouse goes as one archive (one transfer, not one
+operation per wheel), which the host unpacks beside its copy, checks file by file against SHA256SUMS
+(`sha256sum -c`) and only then swaps in. The venv is rebuilt only when its
 stamp (`<venv>/.m3-wheelhouse`) differs from the manifest digest. Hosts need no internet and no
 python3-venv package (`venv --without-pip`, pip bootstrapped from its own wheel).
 """
@@ -18,18 +18,22 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from m3deploy.controller import artifacts, mockmodel
 from m3deploy.core.errors import M3Error
-from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT  # noqa: F401 (teardown reads them here too)
+from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT
 from roles import _units as u
 
 
-def _remote_manifest_digest(d: str) -> str:
-    q = shlex.quote(f"{d}/{artifacts.MANIFEST}")
-    return (host.get_fact(Command, command=f"if [ -f {q} ]; then sha256sum < {q} | cut -d' ' -f1; "
-                                           f"else echo none; fi") or "").strip()
+def _remote_state(wheelhouse: str, venv: str) -> tuple[str, str]:
+    """(sha256 of the host's SHA256SUMS or "none", the venv's stamp or "broken"), in one fact."""
+    q, v = shlex.quote(f"{wheelhouse}/{artifacts.MANIFEST}"), shlex.quote(venv)
+    out = host.get_fact(Command, command=f"if [ -f {q} ]; then sha256sum < {q} | cut -d' ' -f1; else echo none; fi; "
+                                         f"if [ -x {v}/bin/python ] && [ -s {v}/{STAMP} ]; then head -n1 {v}/{STAMP}; "
+                                         "else echo broken; fi") or ""
+    lines = (out.splitlines() + ["none", "broken"])[:2]
+    return lines[0].strip(), lines[1].strip()
 
 
 @deploy("Ship Dynamo artifacts")
@@ -48,26 +52,14 @@ def deploy_artifacts():
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"
 
-    if _remote_manifest_digest(remote) != digest:
-        files.directory(name=f"Ensure {remote}", path=remote, user="root", group="root", mode="0755")
-        # One put per wheel (each compares sha1 first, so only changed wheels travel).
-        for name in sorted(artifacts.read_manifest(local)):
-            files.put(name=f"Ship wheel {name}", src=str(local / name), dest=f"{remote}/{name}",
-                      user="root", group="root", mode="0644")
-        files.put(name=f"Ship {remote}/{artifacts.MANIFEST}.new", src=str(local / artifacts.MANIFEST),
-                  dest=f"{remote}/{artifacts.MANIFEST}.new", mode="0644")
-        server.shell(name="Verify the wheelhouse on the host (sha256sum -c), drop stale wheels", commands=[
-            f"cd {shlex.quote(remote)} && sha256sum --quiet --strict -c {artifacts.MANIFEST}.new "
-            f"&& mv {artifacts.MANIFEST}.new {artifacts.MANIFEST}",
-            f"cd {shlex.quote(remote)} && for f in *.whl; do grep -q \"  $f\\$\" {artifacts.MANIFEST} "
-            f"|| rm -f -- \"$f\"; done"])
+    have_wheelhouse, stamp = _remote_state(remote, cp.venv)
+    if have_wheelhouse != digest:
+        u.ship_wheelhouse(name=f"Ship the wheelhouse to {remote} (one archive, checked against {artifacts.MANIFEST})",
+                          archive=str(artifacts.wheelhouse_archive(local)), dest=remote)
     else:
         host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
 
     venv = cp.venv
-    stamp = (host.get_fact(Command, command=f"cat {shlex.quote(venv)}/{STAMP} 2>/dev/null; "
-                                            f"test -x {shlex.quote(venv)}/bin/python || echo broken")
-             or "").strip()
     if stamp != digest:
         cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs)
         server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[

@@ -29,6 +29,7 @@ from pyinfra.operations import files, server
 
 from m3deploy import facts as F
 from m3deploy.core.errors import M3Error
+from roles import _units as u
 
 REMOTE_DIR = "/var/lib/m3/images"
 
@@ -83,9 +84,9 @@ def _build(svc, version: str, archive_dir):
     target = prepare.container_target(context.host_plan())  # the one prepare built before any host op
     local = artifacts.ensure_wheelhouse(version, target=target)
     remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
-    files.directory(name=f"Ensure {remote}", path=remote, mode="0700")
-    for name in [*sorted(artifacts.read_manifest(local)), artifacts.REQS_FILE]:
-        files.put(name=f"Ship {name} for {svc.image}", src=str(local / name), dest=f"{remote}/{name}", mode="0644")
+    u.ship_wheelhouse(name=f"Ship the {target.abi} {target.arch} wheelhouse for {svc.image} (one archive, checked "
+                      f"against {artifacts.MANIFEST})", archive=str(artifacts.wheelhouse_archive(local)), dest=remote,
+                      mode="0700")
     engine = svc.argv[2].split(".", 1)[1] if len(svc.argv) > 2 and svc.argv[2].startswith("dynamo.") else "vllm"
     files.put(name=f"Render {remote}/Dockerfile", dest=f"{remote}/Dockerfile", mode="0644",
               src=StringIO(DOCKERFILE.format(base=svc.base_image, version=version, engine=engine)))

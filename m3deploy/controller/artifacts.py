@@ -9,6 +9,10 @@ wheel lives on a vendor index (not reachable; only the planner imports it). So a
 fetched with `--no-deps`, its other requirements are read from its wheel METADATA and fetched with
 their dependencies. See docs/DYNAMO.md.
 
+A host gets the wheelhouse in ONE transfer: `wheelhouse_archive()` packs its files (wheels, SHA256SUMS,
+REQUIREMENTS) into one uncompressed tar (wheels are zip-compressed already) beside the published copy; the host
+unpacks it into a fresh directory, checks every file against SHA256SUMS (`sha256sum -c`) and only then swaps it in.
+
 Hosts install offline from the shipped directory (`install_commands()`):
     python3 -m venv --without-pip VENV            # no python3-venv/ensurepip needed on the host
     VENV/bin/python WH/pip-X.whl/pip install --no-index --find-links WH pip   # pip from its wheel
@@ -17,6 +21,7 @@ Hosts install offline from the shipped directory (`install_commands()`):
 """
 from __future__ import annotations
 
+import contextlib
 import email.parser
 import hashlib
 import os
@@ -24,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -35,6 +41,7 @@ from m3deploy.core.errors import M3Error
 
 MANIFEST = "SHA256SUMS"
 REQS_FILE = "REQUIREMENTS"  # the top-level requirements installed on hosts (one per line)
+ARCHIVE = "wheelhouse.tar"  # one transfer to a host: wheelhouse_archive()
 COMPLETE = ".complete"  # written last; its presence + a verified manifest = wheelhouse done
 _FIX = "run `m3deploy artifacts INVENTORY`: it publishes a good copy beside this one"
 CURRENT = "current"  # symlink in the wheelhouse's home to the published version directory
@@ -271,6 +278,23 @@ def build_lock(version: str, target: Target = HOSTS, log=None):
                   f"{target.arch})", log=log)
 
 
+VERIFIED = ".verified"  # size, mtime and inode of every file when they last hashed right: unchanged -> not re-hashed
+
+
+def _verified_stamp(directory: Path) -> str:
+    """What VERIFIED holds for the directory as it is now ("" when a file is missing). A file rewritten since its
+    sha256 was last checked has a new mtime (and usually size or inode), so it is hashed again."""
+    try:
+        names = [*sorted(read_manifest(directory)), MANIFEST, REQS_FILE]
+        lines = []
+        for n in names:
+            st = (directory / n).stat()
+            lines.append(f"{n} {st.st_size} {st.st_mtime_ns} {st.st_ino}\n")
+    except (OSError, M3Error):
+        return ""
+    return "".join(lines)
+
+
 _checked: dict[tuple, Path] = {}  # (cache root, version, target, deep) -> verified path, in this process
 
 
@@ -291,8 +315,15 @@ def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, targe
     with build_lock(version, target, log):
         cur = current_wheelhouse(version, target)
         if cur is not None and (cur / COMPLETE).is_file():
-            problems = verify_wheelhouse(cur, deep=deep_verify)
+            now = _verified_stamp(cur) if deep_verify else ""
+            try:
+                hashed_as_now = bool(now) and (cur / VERIFIED).read_text() == now
+            except OSError:
+                hashed_as_now = False
+            problems = [] if hashed_as_now else verify_wheelhouse(cur, deep=deep_verify)
             if not problems:
+                if now and not hashed_as_now:
+                    (cur / VERIFIED).write_text(now)
                 log(f"wheelhouse {cur} complete and verified")
                 _checked[key] = cur
                 return cur
@@ -327,6 +358,33 @@ def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, targe
     log(f"wheelhouse {final} built in {time.monotonic() - t0:.0f} s")
     _checked[key] = final
     return final
+
+
+def wheelhouse_archive(directory: Path) -> Path:
+    """The wheelhouse's files (every one SHA256SUMS lists, SHA256SUMS, REQUIREMENTS) as one tar beside them, made once.
+
+    Reproducible (sorted names, mtime 0, root-owned, 0644), so its sha256 depends on the wheels only. Written to a
+    temporary name and renamed: a reader never sees half of it (the published directory is never rewritten in place).
+    """
+    directory = Path(directory)
+    out = directory / ARCHIVE
+    if out.is_file():
+        return out
+    names = [*sorted(read_manifest(directory)), MANIFEST, REQS_FILE]
+    fd, tmp = tempfile.mkstemp(prefix=f".{ARCHIVE}.", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            for name in names:
+                info = tar.gettarinfo(str(directory / name), arcname=name)
+                info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "root", "root"
+                with open(directory / name, "rb") as src:
+                    tar.addfile(info, src)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return out
 
 
 def install_commands(version: str, wheelhouse: str, venv: str, python: str = "python3",

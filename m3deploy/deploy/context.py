@@ -14,6 +14,7 @@ from pyinfra_cli.exceptions import CliError
 from m3deploy.core import build as planmod
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
+from m3deploy.deploy import factbatch, pyinfra_speed
 
 _CACHE_ATTR = "_m3deploy_plan"
 _INVENTORY_ATTR = "_m3deploy_inventory_file"
@@ -75,7 +76,8 @@ def cluster_plan() -> ClusterPlan:
     The first host's greenlet builds it and then every controller artifact the deploy needs
     (m3deploy.controller.prepare: wheelhouses, mock model, secrets, image archives), once, while the other hosts'
     greenlets wait on the lock (pyinfra loads deploy.py for every host at once): nothing is built lazily
-    inside one host's operations, and an artifact that cannot be had stops the run before any host changes."""
+    inside one host's operations, and an artifact that cannot be had stops the run before any host changes.
+    Then every host's facts are batched into one round (m3deploy.deploy.factbatch)."""
     cached = getattr(state, _CACHE_ATTR, None)
     if cached is not None:
         return cached
@@ -86,6 +88,9 @@ def cluster_plan() -> ClusterPlan:
             cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             if cached.state != "absent":
                 _prepare_controller(cached)
+            # every host's facts in one round (what the last such run asked), before any host is asked one
+            factbatch.install(state, f"{cached.name}/fact-rounds-{cached.state}")
+            pyinfra_speed.install()  # pyinfra's per-operation costs that compute nothing (module docstring)
             setattr(state, _CACHE_ATTR, cached)
     return cached
 

@@ -11,6 +11,7 @@ value says. The systemd_arg(v) filters escape their own output (and mark it so).
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -91,7 +92,10 @@ def container_name(service: Service) -> str:
     return service.container if service.image else ""
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """One environment per process: it keeps each compiled template (and recompiles one whose file changed), so a
+    deploy compiles a template once, not once per host and file."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False, finalize=_one_line)

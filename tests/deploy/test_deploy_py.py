@@ -671,6 +671,12 @@ def test_gb200_worker_image_is_built_not_pulled(cluster_run):
     assert "ai-dynamo==1.6.1" in dockerfile and "import dynamo.vllm" in dockerfile
     names = [o.name for o in ops]
     assert names.index(build.name) < next(i for i, n in enumerate(names) if "m3-worker@0.service" in n)
+    # the container's wheelhouse goes to the tray as one archive, checked against its manifest, before the build
+    ships = [o for o in ops if "wheelhouse for " + s.image in o.name]
+    assert len(ships) == 1 and names.index(ships[0].name) < names.index(build.name), names
+    assert any("sha256sum --quiet --strict -c SHA256SUMS" in c for c in ships[0].commands), ships[0].commands
+    assert not [n for n in names if n.split(" | ")[-1].startswith("Ship ") and n.endswith(f"for {s.image}")
+                and "wheelhouse" not in n], names  # no operation per wheel
 
 
 def test_nats_requires_the_credentials_clients_get(cluster_run):

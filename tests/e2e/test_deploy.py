@@ -35,9 +35,10 @@ from tbssh import ssh_to, state_dir
 
 pytestmark = pytest.mark.e2e
 
-NAME = "m3dep"
-SUBNET = "10.81.0.0/24"
-CONTROL, W1, W2 = "m3dep-01", "m3dep-02", "m3dep-03"
+# another name and range for a run beside another one (tests/e2e on separate testbeds): M3_E2E_DEPLOY_TESTBED/_SUBNET
+NAME = os.environ.get("M3_E2E_DEPLOY_TESTBED", "m3dep")
+SUBNET = os.environ.get("M3_E2E_DEPLOY_SUBNET", "10.81.0.0/24")
+CONTROL, W1, W2 = f"{NAME}-01", f"{NAME}-02", f"{NAME}-03"
 HOSTS = (CONTROL, W1, W2)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = state_dir(NAME)
@@ -266,6 +267,10 @@ def test_cold_deploy_then_verify_passes(testbed):
     assert builds == 1, f"the wheelhouse was built {builds} times (once is right):\n{side_out}\n{run.tail()}"
     print(f"cold deploy {run.secs:.0f} s; m3deploy artifacts beside it:\n{side_out}")
     assert run.total["error"] == 0 and run.total["success"] > 0, run.tail()
+    # the wheelhouse went to every host in one transfer (one operation), not one operation per wheel
+    ship = [op for op in run.per_host if op.startswith("Ship Dynamo artifacts | Ship ") and "mock model" not in op]
+    assert [op.split(" to ")[0] for op in ship] == ["Ship Dynamo artifacts | Ship the wheelhouse"] and \
+        sorted(run.changed_on(ship[0])) == sorted(HOSTS), (ship, run.tail())
     # every planned unit is active (the deploy's own readiness waits passed too: rc 0)
     st = unit_state()
     assert set(st) == {f"{h}/{u}" for h, us in units().items() for u in us}
@@ -433,7 +438,7 @@ def test_teardown_keep_caches_then_deploy_brings_it_back(deployed):
 
     # back up from the kept caches: no wheel travels, the venv is not rebuilt
     again = deploy_ok()
-    assert not [op for op in again.changed_ops() if op.startswith("Ship Dynamo artifacts | Ship wheel")
+    assert not [op for op in again.changed_ops() if op.startswith("Ship Dynamo artifacts | Ship the wheelhouse")
                 or "Build /opt/m3" in op], again.changed_ops()
     st = unit_state()
     assert all(v["ActiveState"] == "active" for v in st.values()), st

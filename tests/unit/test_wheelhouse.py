@@ -65,3 +65,48 @@ def test_install_commands_are_offline():
         assert "--no-index" in c and "--find-links /opt/m3/wheelhouse/dynamo-1.6.1" in c
     assert "--no-deps" in cmds[-1] and "ai-dynamo==1.6.1" in cmds[-1]
     assert cmds[2].count("ai-dynamo-runtime==1.6.1") == 1
+
+
+def test_archive_is_one_reproducible_tar_of_what_the_manifest_lists(tmp_path):
+    """A host gets the wheelhouse in one transfer (roles/artifacts.py ship_wheelhouse): the tar holds every listed
+    wheel, SHA256SUMS and REQUIREMENTS, nothing else, and two builds of the same wheels are the same bytes."""
+    import tarfile
+
+    digests = []
+    for d in (tmp_path / "a", tmp_path / "b"):
+        d.mkdir()
+        (d / "x-1.0-py3-none-any.whl").write_bytes(b"wheel x")
+        (d / "pip-25.0-py3-none-any.whl").write_bytes(b"wheel pip")
+        (d / artifacts.REQS_FILE).write_text("x==1.0\n")
+        artifacts.write_manifest(d)
+        (d / "stray.txt").write_text("not in the manifest")
+        out = artifacts.wheelhouse_archive(d)
+        assert out == d / artifacts.ARCHIVE and artifacts.wheelhouse_archive(d) == out  # made once
+        digests.append(artifacts.sha256_file(out))
+        with tarfile.open(out) as t:
+            assert sorted(t.getnames()) == sorted(["x-1.0-py3-none-any.whl", "pip-25.0-py3-none-any.whl",
+                                                   artifacts.MANIFEST, artifacts.REQS_FILE])
+            assert t.extractfile("x-1.0-py3-none-any.whl").read() == b"wheel x"
+        assert not artifacts.verify_wheelhouse(d)  # the archive beside the wheels is no unlisted wheel
+    assert digests[0] == digests[1]
+
+
+def test_a_wheel_rewritten_after_its_check_is_hashed_again(tmp_path, monkeypatch):
+    """ensure_wheelhouse skips re-hashing files unchanged since they last hashed right (a re-run's cost), but a
+    wheel rewritten since then is hashed again and the copy is not used."""
+    monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
+    artifacts._checked.clear()
+    work = artifacts.wheelhouse_dir("9.9.9") / ".build-t"
+    work.mkdir(parents=True)
+    (work / "a-1.0-py3-none-any.whl").write_bytes(b"good")
+    (work / artifacts.REQS_FILE).write_text("a==1.0\n")
+    artifacts.write_manifest(work)
+    pub = artifacts.publish_wheelhouse(work, "9.9.9")
+    assert artifacts.ensure_wheelhouse("9.9.9") == pub and (pub / artifacts.VERIFIED).is_file()
+    artifacts._checked.clear()
+    assert artifacts.ensure_wheelhouse("9.9.9") == pub  # unchanged: served without hashing
+    (pub / "a-1.0-py3-none-any.whl").write_bytes(b"evil")
+    artifacts._checked.clear()
+    monkeypatch.setattr(artifacts, "_pip_download", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("rebuild")))
+    with pytest.raises(RuntimeError, match="rebuild"):  # the corrupt copy is not used: a rebuild starts
+        artifacts.ensure_wheelhouse("9.9.9")
