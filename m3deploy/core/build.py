@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, edge, layout, recipes, repos, settings, simengine
+from m3deploy.core import catalog, edge, layout, mpi, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -171,6 +171,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
                                            gpus_per_rank=len(devices), services=tuple(svc_names)))
             widx += 1
 
+    # a multi-host worker of an engine launched as one MPI world (engines.yaml mpi_world): mpirun from rank 0
+    mpi.apply(services, worker_plans, catalog.engines()[engine], serving, addr)
     if engine == "mocker" and serving == "dynamo" and worker_plans:  # the tool-call engine beside the mocker
         h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
         worker0 = next(x for x in services[h0] if x.name == w0)
