@@ -76,8 +76,8 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
         fact = {f"env:{k}": Provenance(f"env:{k}", v, "facts", f"facts of {hp.name}") for k, v in add.items()}
         prov = [fact.pop(p.key) if p.key in fact else p for p in svc.provenance]
         at = next((i for i, p in enumerate(prov) if p.layer == "plan:multi-host"), len(prov))
-        services.append(replace(svc, env=svc.env + tuple(add.items()),
-                                provenance=tuple(prov[:at] + list(fact.values()) + prov[at:])))
+        services.append(mpi.forwarded(replace(svc, env=svc.env + tuple(add.items()),  # an MPI world's ranks too
+                                              provenance=tuple(prov[:at] + list(fact.values()) + prov[at:])), add))
     return replace(hp, services=tuple(services))
 
 

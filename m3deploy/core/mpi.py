@@ -87,7 +87,7 @@ def _rank0(s: Service, mpi: Mapping[str, Any], port: int, hosts: list[tuple[str,
            followers: list[Service]) -> Service:
     p = paths(_slot(s))
     # rank 0's plan env reaches every rank; its secrets (etcd/NATS passwords) only rank 0, which alone runs Dynamo
-    forward = list(dict.fromkeys(k for k, _ in s.env))
+    forward = list(dict.fromkeys([*mpi["forward"], *(k for k, _ in s.env)]))
     launcher = (*mpi["mpirun"], "-np", str(sum(n for _, n in hosts)), "--hostfile", p["hosts"],
                 "--mca", "plm_rsh_args", f"-F {p['ssh_config']}", *(a for k in forward for a in ("-x", k)),
                 *mpi["wrap"])
@@ -100,7 +100,8 @@ def _rank0(s: Service, mpi: Mapping[str, Any], port: int, hosts: list[tuple[str,
     prov = Provenance("mpi:launch", " ".join(launcher), "plan:mpi-world", SOURCE)
     return replace(
         s, argv=launcher + s.argv,
-        docker_args=s.docker_args + tuple(_mounts(p["hosts"], p["ssh_config"], p["key"], p["known_hosts"])),
+        docker_args=s.docker_args + tuple(mpi["docker"]) + tuple(_mounts(p["hosts"], p["ssh_config"], p["key"],
+                                                                          p["known_hosts"])),
         files=s.files + ((p["hosts"], "".join(f"{a} slots={n}\n" for a, n in hosts)), (p["ssh_config"], ssh_config)),
         secret_files=s.secret_files + ((p["key"], SSH_KEY), (p["known_hosts"], known)),
         after=s.after + tuple(f"{f.host}/{f.name}" for f in followers), provenance=s.provenance + (prov,))
@@ -115,7 +116,7 @@ def _follower(s: Service, mpi: Mapping[str, Any], port: int, address: str, maste
                    "PermitTunnel no\nPrintMotd no\n")
     argv = (mpi["sshd"], "-D", "-e", "-f", p["sshd_config"])
     # sshd needs its privilege separation directory (/run/sshd); a tmpfs, so nothing is left in the image
-    docker = _without_files(s) + ["--tmpfs", "/run/sshd:mode=0755"] + _mounts(
+    docker = _without_files(s) + list(mpi["docker"]) + ["--tmpfs", "/run/sshd:mode=0755"] + _mounts(
         p["sshd_config"], p["host_key"], p["authorized_keys"])
     return replace(
         s, argv=argv, env=(), secret_env=(), docker_args=tuple(docker), files=((p["sshd_config"], sshd_config),),
@@ -125,3 +126,15 @@ def _follower(s: Service, mpi: Mapping[str, Any], port: int, address: str, maste
         ports=(Port("mpi-ssh", port, address),),
         readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60), after=(),
         provenance=(Provenance("mpi:sshd", " ".join(argv), "plan:mpi-world", SOURCE),))
+
+
+def forwarded(s: Service, names) -> Service:
+    """`s` with `names` (env added to its env file after the build: a host's facts) forwarded by its mpirun too,
+    before the launcher's wrapper; any other service unchanged."""
+    argv = list(s.argv)
+    have = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-x"}
+    new = [n for n in names if n not in have]
+    if not new or not argv or not argv[0].endswith("/mpirun") or "-x" not in argv:
+        return s
+    at = len(argv) - argv[::-1].index("-x") + 1  # after the last `-x NAME`
+    return replace(s, argv=tuple(argv[:at] + [a for n in new for a in ("-x", n)] + argv[at:]))

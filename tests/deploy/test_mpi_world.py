@@ -77,6 +77,14 @@ def test_tray1_runs_the_mpi_world_and_tray2_only_its_sshd(fake, cp):
     sshd = dict(follower.files)[after_image[after_image.index("-f") + 1]]
     assert "Port 2222\nListenAddress 10.20.1.12\n" in sshd and "PasswordAuthentication no" in sshd
     assert (follower.readiness.kind, follower.readiness.port) == ("tcp", 2222)
+    # mpirun's ssh: the follower's pinned host key, the plan's port and key, never a password or a prompt
+    ssh_config = dict(head.files)[tail[tail.index("plm_rsh_args") + 1].removeprefix("-F ")]
+    for line in ("Host 10.20.1.12", "Port 2222", f"IdentityFile {mpi.paths(0)['key']}", "StrictHostKeyChecking yes",
+                 f"UserKnownHostsFile {mpi.paths(0)['known_hosts']}", "BatchMode yes"):
+        assert line in ssh_config
+    # both containers run as root (the runtime image declares USER dynamo; the key files are 0600 root)
+    for a in (argv, argv2):
+        assert a[a.index("--user") + 1] == "0:0"
     assert follower.env == () and follower.secret_env == ()
 
 
@@ -126,3 +134,27 @@ def test_standalone_trtllm_over_two_trays_is_still_refused(monkeypatch, tmp_path
     with pytest.raises(ValidationError) as e:
         load_plan("inventories/gb200.py", [*TRTLLM[:1], "m3_serving=standalone", *TRTLLM[2:]], facts=False)
     assert any("no multi-host launch" in p and "m3_serving = 'dynamo'" in p for p in e.value.problems)
+
+
+def test_env_from_rank0s_facts_reaches_every_rank(cp):
+    """Networking env completed from tray 1's facts (NCCL_IB_HCA, UCX_NET_DEVICES) goes into its env file and is
+    forwarded by its mpirun, before the launcher's wrapper, like the plan's own env."""
+    from m3deploy.core.build import with_fact_env
+
+    hp = with_fact_env(cp, cp.host(T1), {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "other"})
+    head = hp.service("m3-worker@0")
+    argv = list(head.argv)
+    launch = argv.index("trtllm-llmapi-launch")
+    assert dict(head.env)["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert argv[launch - 2:launch] == ["-x", "NCCL_IB_HCA"]
+    assert argv.count("NCCL_SOCKET_IFNAME") == 1  # the inventory's m3_interface set it already
+
+
+def test_rolling_restart_starts_the_followers_sshd_before_rank0(cp, monkeypatch, tmp_path):
+    """roles/_rollout.py starts an instance's ranks by their `after`: an MPI world's sshd before rank 0's mpirun,
+    a vLLM worker's rank 0 before its headless ranks."""
+    from roles import _rollout
+
+    assert _rollout._waves(cp, [cp.workers[0]]) == [[f"{T2}/m3-worker@0"], [f"{T1}/m3-worker@0"]]
+    vllm = load_plan("inventories/gb200.py", [], facts=False)
+    assert _rollout._waves(vllm, [vllm.workers[0]]) == [[f"{T1}/m3-worker@0"], [f"{T2}/m3-worker@0"]]
