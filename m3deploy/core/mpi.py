@@ -20,8 +20,8 @@ trtllm-multinode-examples.md). Without Slurm, mpirun over SSH it is:
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from m3deploy.core.model import Port, Provenance, Readiness, Service, WorkerPlan

@@ -158,3 +158,11 @@ def test_rolling_restart_starts_the_followers_sshd_before_rank0(cp, monkeypatch,
     assert _rollout._waves(cp, [cp.workers[0]]) == [[f"{T2}/m3-worker@0"], [f"{T1}/m3-worker@0"]]
     vllm = load_plan("inventories/gb200.py", [], facts=False)
     assert _rollout._waves(vllm, [vllm.workers[0]]) == [[f"{T1}/m3-worker@0"], [f"{T2}/m3-worker@0"]]
+
+
+def test_the_followers_sshd_port_is_checked_like_every_plan_port(monkeypatch, tmp_path):
+    monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
+    with pytest.raises(ValidationError) as e:
+        load_plan("inventories/gb200.py", [*TRTLLM, "ssh_port=2222"], facts=False)
+    assert any(p.startswith(f"host {T2}: port 2222 of m3-worker@0 (mpi-ssh) is the host's ssh_port")
+               for p in e.value.problems), e.value.problems
