@@ -3,7 +3,9 @@
 
 Dynamo: "to run a single Dynamo+TRTLLM Worker that spans multiple nodes ... the set of nodes need to be launched
 together in the same MPI world, such as via `mpirun` or `srun`" (ai-dynamo/dynamo docs/backends/trtllm/multinode/
-trtllm-multinode-examples.md). Without Slurm, mpirun over SSH it is:
+trtllm-multinode-examples.md). Without Slurm, it is launched as Dynamo's Kubernetes operator launches it
+(ai-dynamo/dynamo deploy/operator/internal/dynamo/backend_trtllm.go: the leader's mpirun over SSH to an sshd on
+port 2222 in every other node's container), with the keys and host pinning from the plan:
 
 - rank 0's unit runs `mpirun -np <GPUs> --hostfile <hosts> --mca plm_rsh_args "-F <ssh config>" -x <env> ...
   trtllm-llmapi-launch python3 -m dynamo.trtllm ...` in the worker image. Host pinning: the hostfile names each
