@@ -8,7 +8,7 @@ files are written) restarts the changed engine instances in turn over pyinfra's 
   for each batch of m3_rollout_max_unavailable instances (plan order; a multi-host instance is one, all ranks):
     1. drain: `systemctl stop` every rank (SIGTERM: Dynamo unregisters at once, then finishes in-flight
        requests within TimeoutStopSec, the drain bound); the other instances keep serving;
-    2. start every rank, rank 0 first;
+    2. start every rank, rank 0 first (in an MPI world its followers' sshd first, rank 0's mpirun reaches them);
     3. wait until each rank is ready and the frontend lists the NEW process of rank 0 and has routed a
        request that it served (m3deploy.check.rollout.wait_routable), then the next batch.
 
@@ -93,10 +93,23 @@ def _send(cp):
     return lambda: urllib.request.urlopen(req, timeout=30).read()
 
 
+def _waves(cp, instances) -> list[list[str]]:
+    """The ranks in start order: first those naming no other rank of their instance in `after` (rank 0; in an MPI
+    world the followers' sshd, which rank 0's mpirun reaches: m3deploy.core.mpi), then the rest."""
+    first = [k for w in instances for k in w.services if not set(_service(cp, k)[1].after) & set(w.services)]
+    return [first, [k for w in instances for k in w.services if k not in first]]
+
+
 def _bring_up(cp, instances, old_ids: dict) -> None:
-    """Start every rank (rank 0 first), then wait: each rank ready, rank 0's new process routable."""
-    for rank in range(max(len(w.services) for w in instances)):
-        _systemctl("start", [w.services[rank] for w in instances if rank < len(w.services)])
+    """Start every rank in `_waves` order, then wait: each rank ready, rank 0's new process routable. A wave whose
+    readiness is a port (an MPI world's sshd, up in seconds) is waited for before the next starts; an engine's
+    (http) is not: its ranks load together."""
+    for wave in filter(None, _waves(cp, instances)):
+        _systemctl("start", wave)
+        for key in wave:
+            s = _service(cp, key)[1]
+            if s.readiness and s.readiness.kind == "tcp":
+                _readiness.wait_ready(s.readiness, what=key, logs=lambda k=key: _tail(k))
     health = frontend_url(cp, "/health") if cp.serving == "dynamo" else ""
     for w in instances:
         for key in w.services:

@@ -16,7 +16,7 @@ from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy.check import readiness as _readiness
-from m3deploy.controller.secrets import api_key, ensure_secrets
+from m3deploy.controller.secrets import KNOWN, api_key, ensure_secrets
 from m3deploy.core.build import API_KEY_SECRET
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.deploy import hostfiles
@@ -30,6 +30,7 @@ from m3deploy.deploy.hostfiles import (  # noqa: F401 (roles use them)
     timeout_start_s,
     unit_path,
 )
+from m3deploy.deploy.render import secret_names
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,13 +41,15 @@ def plans() -> tuple[ClusterPlan, HostPlan]:
 
 
 @functools.lru_cache(maxsize=None)
-def _secrets(cluster: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(ensure_secrets(cluster).items()))
+def _secrets(cluster: str, extra: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(ensure_secrets(cluster, names=tuple(KNOWN) + extra).items()))
 
 
 def secrets_for(cp: ClusterPlan) -> dict[str, str]:
-    """The generated secrets of the cluster, its API key (m3_api_key_file) when it has one, and the edge's."""
-    out = dict(_secrets(cp.name))
+    """The generated secrets of the cluster (with the on-demand ones its services' secret files name: an MPI
+    world's SSH keys), its API key (m3_api_key_file) when it has one, and the edge's."""
+    extra = sorted({n for h in cp.hosts for s in h.services for _, ref in s.secret_files for n in secret_names(ref)})
+    out = dict(_secrets(cp.name, tuple(extra)))
     key = api_key(cp)
     if key:
         out[API_KEY_SECRET] = key
@@ -277,11 +280,11 @@ def runs_current_files(unit: str, paths: tuple[str, ...]):
 
 def service_files(s: Service) -> tuple[str, ...]:
     """The files `s` runs from: unit, env file, a config file named with `-c` (nats.conf) and the plan's own
-    (TensorRT-LLM's engine YAML)."""
+    (TensorRT-LLM's engine YAML, an MPI world's configs and keys)."""
     paths = [unit_path(s)] + ([s.env_file] if s.env_file else [])
     if "-c" in s.argv:
         paths.append(s.argv[s.argv.index("-c") + 1])
-    return (*paths, *(p for p, _ in s.files))
+    return tuple(dict.fromkeys((*paths, *(p for p, _ in s.files + s.secret_files))))
 
 
 def changes(s: Service, *ops) -> list:

@@ -45,8 +45,9 @@ def deploy_workers():
         u.ship(hostfiles.unregister_script(), name=f"Ship {hostfiles.UNREGISTER_DEAD}")
     for s in workers:
         u.ensure_workdir(s, hostfiles.service_user(s))
-        # the config files its command names (TensorRT-LLM's engine YAML): a change restarts it
-        cfg = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s)]
+        # the config files its command names (TensorRT-LLM's engine YAML; an MPI world's hostfile, ssh configs and
+        # 0600 keys): a change restarts it
+        cfg = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
         unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
         # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
         changed = u.changes(s, unit_op, env_op, *cfg, *sim, *filter(None, [s.image and image_changed(s.image)]))

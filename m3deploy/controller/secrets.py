@@ -115,6 +115,35 @@ def public_pem(private_pem: str) -> str:
 
 _GENERATE = {"etcd-jwt-key": _rsa_pem}
 
+# Key pairs made on demand (m3deploy.core.mpi: a worker that is one MPI world over several hosts): private key name
+# -> its public half's name. Both made at once (ed25519, OpenSSH format, no passphrase), so they always match.
+PAIRS = {"mpi-ssh-key": "mpi-ssh-key-pub", "mpi-host-key": "mpi-host-key-pub"}
+ON_DEMAND.update({
+    "mpi-ssh-key": "ed25519 private key mpirun's ssh logs in with, on rank 0 of a multi-host TensorRT-LLM worker",
+    "mpi-ssh-key-pub": "its public half: the followers' authorized_keys (from rank 0's address only)",
+    "mpi-host-key": "ed25519 host key of the sshd a multi-host TensorRT-LLM worker's ranks > 0 run",
+    "mpi-host-key-pub": "its public half: pinned in rank 0's known_hosts (StrictHostKeyChecking yes)",
+})
+
+
+def _ed25519_pair(comment: str) -> tuple[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, f"{public.decode()} {comment}"
+
+
+def _generate(data: dict[str, str], name: str, cluster: str) -> None:
+    private = next((k for k, pub in PAIRS.items() if name in (k, pub)), None)
+    if private is None:
+        data[name] = _GENERATE.get(name, _new_value)()
+    elif name not in data:  # made with its other half
+        data[private], data[PAIRS[private]] = _ed25519_pair(f"m3deploy-{private}-{cluster}")
+
 
 def config_root() -> Path:
     base = os.environ.get("M3DEPLOY_CONFIG") or os.path.join(
@@ -164,7 +193,7 @@ def ensure_secrets(cluster: str, names=tuple(KNOWN)) -> dict[str, str]:
         missing = [n for n in names if n not in data]
         if missing:
             for n in missing:
-                data[n] = _GENERATE.get(n, _new_value)()
+                _generate(data, n, cluster)
             write_secrets(cluster, data)
     return data
 

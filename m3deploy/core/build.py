@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, edge, layout, monitor, recipes, repos, settings, simengine
+from m3deploy.core import catalog, edge, layout, monitor, mpi, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -90,8 +90,8 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
         fact = {f"env:{k}": Provenance(f"env:{k}", v, "facts", f"facts of {hp.name}") for k, v in add.items()}
         prov = [fact.pop(p.key) if p.key in fact else p for p in svc.provenance]
         at = next((i for i, p in enumerate(prov) if p.layer == "plan:multi-host"), len(prov))
-        services.append(replace(svc, env=svc.env + tuple(add.items()),
-                                provenance=tuple(prov[:at] + list(fact.values()) + prov[at:])))
+        services.append(mpi.forwarded(replace(svc, env=svc.env + tuple(add.items()),  # an MPI world's ranks too
+                                              provenance=tuple(prov[:at] + list(fact.values()) + prov[at:])), add))
     return replace(hp, services=tuple(services))
 
 
@@ -145,6 +145,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
             services[x.name] += _control_services(x.name, addr[x.name], c.home, bool(s["m3_auth"]), members, name)
     lay = layout.Layout(c.size, layout.gpus_per_host(ref.data) if workers else 1)
     worker_plans, slots = _lay_workers(c, lay, workers, addr, services)
+    # a multi-host worker of an engine launched as one MPI world (engines.yaml mpi_world): mpirun from rank 0
+    mpi.apply(services, worker_plans, catalog.engines()[engine], serving, addr)
     if catalog.engines()[engine].get("scripted") and serving == "dynamo" and worker_plans:  # tool-call engine
         h0, w0 = worker_plans[0].hosts[0], worker_plans[0].services[0].split("/", 1)[1]
         worker0 = next(x for x in services[h0] if x.name == w0)

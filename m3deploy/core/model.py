@@ -83,6 +83,10 @@ class Service:
     # (path, text): config files the command names (TensorRT-LLM's engine YAML): host files written beside the
     # unit (m3deploy.deploy.hostfiles), mounted read-only into the container; a change restarts the service
     files: tuple[tuple[str, str], ...] = ()
+    # (path, secret ref): 0600 root host files whose text comes from the controller's secrets store on the host
+    # (a secret name, or a text with `{secret-name}` fields, as secret_env): an MPI world's SSH keys
+    # (m3deploy.core.mpi); `m3deploy render` masks them, the plan names only the ref
+    secret_files: tuple[tuple[str, str], ...] = ()
 
     @property
     def unit(self) -> str:
@@ -274,6 +278,7 @@ def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
             "expect_json": dict(r.expect_json), "timeout_s": r.timeout_s, "interval_s": r.interval_s},
         "after": list(s.after), "env_file": s.env_file, "workdir": s.workdir, "worker": s.worker, "rank": s.rank,
         "nnodes": s.nnodes, "devices": list(s.devices), **({"files": dict(s.files)} if s.files else {}),
+        **({"secret_files": dict(s.secret_files)} if s.secret_files else {}),
         **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source}
                            for p in s.provenance]} if provenance else {}),
     }

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from m3deploy.core import catalog, fanout, inputs, layout, recipes
+from m3deploy.core import catalog, fanout, inputs, layout, mpi, recipes
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
@@ -399,10 +399,12 @@ def worker_layout(c: Cluster, add: Add) -> None:
                     f"{_list(sorted(kinds))}. Fix: a worker spans hosts of one platform")
     if c.info["vendor"] == "none" and size != 1:
         add(f"key m3_parallel: the sim platform has one simulated device per host; use 'tp1' (got {mode})")
-    if engine == "trtllm" and size > g:
-        add(f"key m3_parallel: a TensorRT-LLM worker over several hosts ({mode} over {g}-GPU hosts) is one MPI world "
-            "(mpirun over SSH from rank 0, Dynamo's multi-node TensorRT-LLM docs), which m3deploy does not launch yet. "
-            f"Fix: a {mode} that fits one host, or m3_engine = 'vllm' for multi-host workers")
+    rules = catalog.engines().get(engine) or {}
+    if size > g and not rules.get("multi_host") and not mpi.spec(rules, c.serving):
+        add(f"key m3_parallel: a {engine} worker over several hosts ({mode} over {g}-GPU hosts) under "
+            f"m3_serving = '{c.serving}' has no multi-host launch (m3deploy/core/data/engines.yaml: no multi_host "
+            f"flags, no mpi_world for {c.serving}). Fix: a {mode} that fits one host"
+            + (", or m3_serving = 'dynamo' (one MPI world)" if rules.get("mpi_world") else ""))
     # weights must fit in the worker's GPU memory
     if not c.rules.get("simulated") and c.info["vendor"] != "none":
         per_gpu = int(_v(c.ref, "m3_gpu_memory_gb") or c.info["gpu_memory_gb"])

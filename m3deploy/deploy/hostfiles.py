@@ -33,7 +33,7 @@ from m3deploy.core.refs import image_problem
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import edgefiles
 from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
-from m3deploy.deploy.render import render, service_env
+from m3deploy.deploy.render import render, secret_names, secret_value, service_env
 
 REPO = Path(__file__).resolve().parents[2]  # the pyinfra project: files/ and templates/ beside roles/
 ETC_DIR = "/etc/m3"
@@ -133,9 +133,19 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     return HostFile(unit_path(s), text)
 
 
-def config_files(s: Service) -> list[HostFile]:
-    """The config files the service's command names (Service.files: TensorRT-LLM's engine YAML)."""
-    return [HostFile(path, text) for path, text in s.files]
+def config_files(s: Service, secrets=None) -> list[HostFile]:
+    """The config files the service's command names (Service.files: TensorRT-LLM's engine YAML, an MPI world's
+    hostfile and ssh configs), then its secret files (Service.secret_files: the MPI world's keys, 0600 root;
+    `secrets=None` masks them as `<secret: REF>`)."""
+    out = [HostFile(path, text) for path, text in s.files]
+    if secrets is not None:
+        missing = [n for _, ref in s.secret_files for n in secret_names(ref) if n not in secrets]
+        if missing:
+            raise M3Error(f"service {s.name} on {s.host} needs secret(s) {missing} that the controller's store does "
+                          "not have; run the deploy again so they are generated "
+                          "(m3deploy.controller.secrets.ensure_secrets)")
+    return out + [HostFile(path, f"<secret: {ref.strip()}>\n" if secrets is None else secret_value(ref, secrets),
+                           mode="0600", secret=True) for path, ref in s.secret_files]
 
 
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
@@ -278,7 +288,7 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
         if s is next((w for w in hp.services if unregisters_dead(w)), None):
             out.append(unregister_script())  # once, before the first unit that runs it
         out += monitor_files(cp, s) if s.kind in monitor.KINDS else []
-        out += [*config_files(s)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
+        out += [*config_files(s, secrets)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)] if s is next(
                 w for w in hp.services if has_watchdog(w)) else [watchdog_unit(cp, s)]

@@ -197,7 +197,7 @@ class Cluster:
 
     def __init__(self, inv: str, override_data: dict | None = None):
         self.inv = inv
-        self.hosts = inventory.load_inventory(ROOT / "inventories" / f"{inv}.py")
+        self.hosts = inventory.load_inventory(ROOT / "inventories" / f"{inv}.py", override_data=override_data)
         self.override_data = override_data
         self.plan = planmod.build(self.hosts, name=inv)
         self.groups: dict[str, list[str]] = {"control": [], "workers": [], inv: []}
@@ -334,7 +334,8 @@ def store_secrets(config: Path) -> list[str]:
     return [v for p in config.glob("*/secrets.json") for v in json.loads(p.read_text()).values()]
 
 
-def assert_no_secret_leak(run, config: Path):
+def assert_no_secret_leak(run, config: Path, secret_files=()):
+    """secret_files: the plan's 0600 secret files (an MPI world's SSH keys), where their secrets belong."""
     secrets = [*store_secrets(config), HF_TOKEN]
     assert len(secrets) >= 4, secrets  # the store was used (etcd/NATS passwords) and the token is set
     for name, ops in run.ops_by_host.items():
@@ -343,7 +344,7 @@ def assert_no_secret_leak(run, config: Path):
                 assert s not in o.name, (name, o.name)
                 assert not any(s in c for c in o.commands), (name, o.name)
                 for dest, text in o.uploads.items():
-                    if dest.endswith((".env", "/etcd/jwt.key")) or dest == "/etc/m3/hf_token":
+                    if dest.endswith((".env", "/etcd/jwt.key")) or dest == "/etc/m3/hf_token" or dest in secret_files:
                         continue  # the 0600 env files, token file and etcd's signing key are where secrets belong
                     assert s not in text, (name, dest)
 
@@ -613,6 +614,35 @@ def test_gb200_tp8_spans_two_trays_rank0_on_tray_01(cluster_run, controller):
     # control services come up before any worker, cluster-wide
     seq = roles_of_names(global_roles(run))
     assert seq.index("Deploy the Dynamo frontend") < seq.index("Deploy the workers")
+
+
+def test_gb200_trtllm_under_dynamo_is_one_mpi_world(dynamo_ready, controller):
+    """deploy.py for Dynamo's TensorRT-LLM recipe on two trays (m3deploy.core.mpi): tray 1's unit runs mpirun,
+    tray 2's only the sshd it reaches, each tray gets its MPI files (the keys 0600, from the store), and no secret
+    lands anywhere else."""
+    from m3deploy.core import mpi
+
+    cluster = Cluster("gb200", override_data={"m3_engine": "trtllm", "m3_features": ["text-only"],
+                                              "m3_variant": "bf16", "m3_parallel": "tp8-ep"})
+    run = cluster.run()
+    assert run.error is None
+    _, t1, t2 = (h.name for h in cluster.hosts)
+    argv = {}
+    for n in (t1, t2):
+        (s,) = worker_services(cluster, n)
+        argv[n] = unexec(unit_field(op(run.for_host(n), f"Render /etc/systemd/system/{s.unit}")
+                                    .uploads[f"/etc/systemd/system/{s.unit}"], "ExecStart")[0])
+        for path, _ in s.files + s.secret_files:
+            assert f"UPLOAD {path}" in op(run.for_host(n), f"Ship {path}").commands
+        for path, _ in s.secret_files:
+            assert any("0600" in c for c in op(run.for_host(n), f"Ship {path}").commands), path
+    assert argv[t1][argv[t1].index("--entrypoint") + 1] == "/opt/hpcx/ompi/bin/mpirun"
+    assert "trtllm-llmapi-launch" in argv[t1] and "--node-rank" not in argv[t1]
+    assert argv[t2][argv[t2].index("--entrypoint") + 1] == "/usr/sbin/sshd"
+    store = json.loads(next(controller.glob("*/secrets.json")).read_text())
+    assert set(mpi.SECRETS) <= set(store)
+    assert_no_secret_leak(run, controller, {p for h in cluster.plan.hosts for s in h.services
+                                            for p, _ in s.secret_files})
 
 
 def test_mi355x_two_engines_two_units(cluster_run):

@@ -117,3 +117,18 @@ COMBOS = [(p, v, par, e, s, f) for p, v, par in PLATFORMS
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(c[:5]))
 def test_engine_combinations_known_to_engine(combo):
     assert plan_problems(test_matrix.row_plan(_row(*combo))) == []
+
+
+def test_mpi_world_rank0_argv_is_checked_after_mpirun(_testbed_state):
+    """The GB200 TensorRT-LLM-under-Dynamo worker (two trays, one MPI world: m3deploy.core.mpi): rank 0's argv is
+    `mpirun ... trtllm-llmapi-launch python3 -m dynamo.trtllm ...`; its dynamo.trtllm flags are checked like any
+    worker's (a wrong one planted after the launcher fails), and tray 2's sshd carries no engine flags."""
+    plan = _snapshot_plan("gb200", "trtllm-dynamo")
+    assert plan is not None and plan_problems(plan) == []
+    head = plan.host("gb200-r01-t01").service("m3-worker@0")
+    assert head.argv[0].endswith("/mpirun") and "trtllm-llmapi-launch" in head.argv
+    assert plan.host("gb200-r01-t02").service("m3-worker@0").argv[0] == "/usr/sbin/sshd"
+    argv = list(head.argv)
+    argv[argv.index("--tensor-parallel-size")] = "--tp_size"  # trtllm-serve's spelling: dynamo.trtllm refuses it
+    problems = service_problems(plan, replace(head, argv=tuple(argv)))
+    assert len(problems) == 1 and "--tp_size is unknown to ai-dynamo-1.6.1.json" in problems[0], problems

@@ -38,7 +38,9 @@ VARIANTS = {
     "sglang": {"m3_engine": "sglang", "m3_features": []},
     "sglang-dynamo": {"m3_engine": "sglang", "m3_serving": "dynamo", "m3_features": []},
     "trtllm": {"m3_engine": "trtllm", "m3_features": ["text-only"]},
-    "trtllm-dynamo": {"m3_engine": "trtllm", "m3_serving": "dynamo", "m3_features": ["text-only"]},
+    # Dynamo's MiniMax-M3 TensorRT-LLM recipe: BF16, TP8/EP8 (on GB200: two 4-GPU trays, one MPI world)
+    "trtllm-dynamo": {"m3_engine": "trtllm", "m3_serving": "dynamo", "m3_features": ["text-only"],
+                      "m3_variant": "bf16", "m3_parallel": "tp8-ep"},
     "max-len": {"m3_max_model_len": 65536, "m3_extra_args": ["--foo", "1"], "m3_extra_env": {"X_EXTRA": "1"}},
     "dp8-ep": {"m3_parallel": "dp8-ep"},
     "dp8-ep-dynamo": {"m3_parallel": "dp8-ep", "m3_serving": "dynamo"},

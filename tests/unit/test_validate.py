@@ -222,11 +222,17 @@ def test_dp8_ep_on_gb200_dynamo_is_data_parallel_only():
 
 
 def test_trtllm_recipe_limits():
-    """Dynamo's MiniMax-M3 recipe: TensorRT-LLM from BF16, text only, one MPI world over trays not built yet."""
+    """Dynamo's MiniMax-M3 recipe: TensorRT-LLM from BF16, text only; over two trays one MPI world, which m3deploy
+    launches under Dynamo (engines.yaml mpi_world) and not for a standalone trtllm-serve."""
     assert "BF16 checkpoint only" in one(m3_platform="b200", m3_engine="trtllm", m3_variant="mxfp8",
                                          m3_features=["text-only"])
     p = one(m3_platform="gb200", m3_engine="trtllm", m3_parallel="tp8", m3_features=["text-only"], workers=2)
-    assert "one MPI world" in p and "m3_engine = 'vllm'" in p
+    assert "trtllm worker over several hosts" in p and "no mpi_world for standalone" in p
+    assert "Fix: a tp8 that fits one host, or m3_serving = 'dynamo' (one MPI world)" in p
+    plan = build(m3_platform="gb200", m3_engine="trtllm", m3_parallel="tp8-ep", m3_features=["text-only"],
+                 m3_serving="dynamo", workers=2, control=1)
+    assert [s.argv[0] for h in plan.hosts for s in h.services if s.kind == "worker"] == \
+        ["/opt/hpcx/ompi/bin/mpirun", "/usr/sbin/sshd"]
 
 
 @pytest.mark.parametrize("image", ["lmsysorg/sglang:latest", "vllm/vllm-openai-rocm:nightly", "vllm/vllm-openai"])

@@ -283,3 +283,25 @@ def test_verify_suite_not_in_default_testpaths(pytestconfig):
     # pytest's own reading of pyproject.toml (tomllib is 3.11+; m3deploy supports 3.10)
     testpaths = pytestconfig.getini("testpaths")
     assert "tests/unit" in testpaths and "tests/verify" not in testpaths
+
+
+def test_mpi_world_key_files_are_checked_0600_and_config_files_for_leaks():
+    """A TensorRT-LLM worker over two trays (one MPI world): verify checks each SSH key file 0600 root:root and
+    the plain config files (hostfile, ssh/sshd configs) among the files no secret may appear in."""
+    from pathlib import Path
+
+    from m3deploy.cli import load_plan
+    from m3deploy.core import mpi
+
+    p = load_plan(str(Path(__file__).resolve().parents[2] / "inventories" / "gb200.py"), ["m3_engine=trtllm", "m3_serving=dynamo", 'm3_features=["text-only"]',
+                                           "m3_variant=bf16", "m3_parallel=tp8-ep"], facts=False)
+    checks = verify.host_checks(p)
+    ids = {c.id for c in checks}
+    paths = mpi.paths(0)
+    for host, names in (("gb200-r01-t01", ("key", "known_hosts")), ("gb200-r01-t02", ("host_key", "authorized_keys"))):
+        for n in names:
+            assert f"file/{host}/m3-worker@0/{paths[n].rsplit('/', 1)[1]}" in ids
+    assert "port/gb200-r01-t02/m3-worker@0/mpi-ssh" in ids and "secrets/gb200-r01-t02" in ids
+    key = _by_id(checks, f"file/gb200-r01-t02/m3-worker@0/{paths['host_key'].rsplit('/', 1)[1]}")
+    r = verify.run_check(key, _ctx(p, {"gb200-r01-t02": {"stat -c": (0, "644 root root regular file\n")}}))
+    assert not r.ok and f"{paths['host_key']} mode 644 root:root" in r.evidence

@@ -7,8 +7,9 @@ Every check is derived from the ClusterPlan (m3deploy.core.build.build), never h
 
 - over SSH (testinfra's `ssh` backend, one multiplexed connection per host):
   `unit/...` every planned unit active and enabled; `port/...` every planned port listening on its
-  planned address and on no wildcard address unless planned; `file/...` every env file 0600 root:root;
-  `secrets/...` no secret value in a world-readable file (unit files, nats.conf), the controller's
+  planned address and on no wildcard address unless planned; `file/...` every env file and secret file (an MPI
+  world's SSH keys) 0600 root:root;
+  `secrets/...` no secret value in a world-readable file (unit files, nats.conf, config files), the controller's
   secrets store 0600.
 - from the controller (like the deploy's readiness polling): `health/...` each service's readiness
   URL (etcd /health says healthy, NATS /healthz?js-enabled-only=true, frontend /live, worker system-port
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shlex
 import time
 from collections import Counter
@@ -87,13 +89,14 @@ def _port_check(h: HostPlan, s: Service, port) -> Callable[[Context], str]:
     return fn
 
 
-def _env_file_check(h: HostPlan, s: Service) -> Callable[[Context], str]:
+def _env_file_check(h: HostPlan, path: str) -> Callable[[Context], str]:
+    """`path` (an env file, or a secret file: an MPI world's SSH keys) is a regular file, 0600 root:root."""
     def fn(ctx: Context) -> str:
-        r = ctx.run(h.name, f"stat -c '%a %U %G %F' {shlex.quote(s.env_file)}")
+        r = ctx.run(h.name, f"stat -c '%a %U %G %F' {shlex.quote(path)}")
         if r.rc != 0:
-            raise CheckFailed(f"{s.env_file}: {(r.stderr or r.stdout).strip()[:200]}")
+            raise CheckFailed(f"{path}: {(r.stderr or r.stdout).strip()[:200]}")
         mode, user, group, *kind = r.stdout.split()
-        ev = f"{s.env_file} mode {mode} {user}:{group}"
+        ev = f"{path} mode {mode} {user}:{group}"
         if " ".join(kind) != "regular file" or int(mode, 8) != 0o600 or (user, group) != ("root", "root"):
             raise CheckFailed(ev + f" ({' '.join(kind)}); want a regular file, mode 600, root:root")
         return ev
@@ -249,11 +252,12 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
                     title=f"{s.name} listens on {p.address}:{p.port} ({p.name})", fn=_port_check(h, s, p),
                     reproduce=rep(f"ss -ltnp 'sport = :{p.port}'")))
         for s in h.services:
-            if s.env_file:
+            for path in ([s.env_file] if s.env_file else []) + [f for f, _ in s.secret_files]:
                 out.append(Check(
-                    id=f"file/{h.name}/{s.name}", group="file", target=h.name, ssh=True,
-                    title=f"{s.env_file} is 0600 root:root", fn=_env_file_check(h, s),
-                    reproduce=rep(f"stat -c '%a %U:%G %n' {s.env_file}")))
+                    id=f"file/{h.name}/{s.name}" + ("" if path == s.env_file else f"/{posixpath.basename(path)}"),
+                    group="file", target=h.name, ssh=True,
+                    title=f"{path} is 0600 root:root", fn=_env_file_check(h, path),
+                    reproduce=rep(f"stat -c '%a %U:%G %n' {path}")))
         if h.weights_dir and h.weights_gb and plan.model_repos:
             folders = " ".join(shlex.quote(str(hfcache.repo_folder(f"{h.weights_dir}/hub", r.repo))) + "/snapshots/*/"
                                for r in plan.model_repos)
@@ -265,10 +269,11 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
         readable = [f"/etc/systemd/system/{s.unit}" for s in h.services]
         if any(s.kind == "nats" for s in h.services):
             readable.append("/etc/m3/nats.conf")
-        if any(s.secret_env for s in h.services):
+        readable += [f for s in h.services for f, _ in s.files]  # the config files a command names
+        if any(s.secret_env or s.secret_files for s in h.services):
             out.append(Check(
                 id=f"secrets/{h.name}", group="secrets", target=h.name, ssh=True,
-                title="no secret value in unit files or nats.conf", fn=_no_leak_check(h, readable),
+                title="no secret value in unit files, nats.conf or config files", fn=_no_leak_check(h, readable),
                 reproduce=rep("ls -l " + " ".join(readable))))
     return out
 
