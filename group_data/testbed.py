@@ -9,6 +9,5 @@ m3_engine = "mocker"
 m3_serving = "dynamo"
 m3_features = []
 m3_mocker_speedup_ratio = 10
-# Prometheus + exporters on the testbed too (docs/OBSERVE.md): the demo shows `m3deploy status` and the rules
-m3_monitor = True
-m3_monitor_scrape_interval_s = 5
+# Prometheus + exporters (docs/OBSERVE.md) are off, as everywhere by default; on the testbed turn them on with
+# `--data m3_monitor=true --data m3_monitor_scrape_interval_s=5` on the deploy and every command

@@ -11,4 +11,5 @@ bash scripts/install-deps.sh --bench --test
 venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 export PATH="$venv/bin:$PATH"  # the tests' `m3deploy`, `pyinfra`, `python3` are the venv's
 lint-imports  # imports point one way (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md)
+ruff check .  # the linter (pyproject.toml [tool.ruff])
 exec python -m pytest -p no:cacheprovider "$@"

@@ -1,4 +1,4 @@
-"""End-to-end: monitoring on the testbed (m3_monitor, on in group_data/testbed.py; docs/OBSERVE.md). Needs root.
+"""End-to-end: monitoring on the testbed (`--data m3_monitor=true` on every command; docs/OBSERVE.md). Needs root.
 
 One testbed for this module under its own name and range (m3ob, 10.104.0.0/24: 1 control + 2 mocker workers),
 deployed with the user's command line (`pyinfra -y inventories/testbed.py deploy.py`, M3_TESTBED=m3ob). In file
@@ -57,8 +57,13 @@ def _testbed(*args):
         raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
 
 
+# monitoring is off by default (group_data/testbed.py too); this module turns it on as a user would, on every command
+DATA = ("m3_monitor=true", "m3_monitor_scrape_interval_s=5")
+DATA_ARGS = [a for kv in DATA for a in ("--data", kv)]
+
+
 def m3(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "m3deploy.cli", *args], timeout=timeout)
+    return _run([sys.executable, "-m", "m3deploy.cli", *args, *DATA_ARGS], timeout=timeout)
 
 
 def _plan():
@@ -67,7 +72,7 @@ def _plan():
     old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL")}
     os.environ.update(M3_TESTBED=NAME, M3_TESTBED_CONTROL="1")
     try:
-        return load_plan(os.path.join(REPO, "inventories", "testbed.py"), facts=False)
+        return load_plan(os.path.join(REPO, "inventories", "testbed.py"), data=DATA, facts=False)
     finally:
         for k, v in old.items():
             if v is None:
@@ -88,7 +93,7 @@ def testbed():
     _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
     pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
     t0 = time.monotonic()
-    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py"], timeout=1500)
+    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS], timeout=1500)
     assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
     print(f"deploy: {time.monotonic() - t0:.0f} s")
     yield _plan(), time.monotonic()
@@ -331,7 +336,8 @@ def test_teardown_removes_the_monitoring(testbed):
 
     plan, _ = testbed
     pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", "--data", "m3_state=absent"], timeout=900)
+    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS, "--data", "m3_state=absent"],
+               timeout=900)
     assert res.returncode == 0, f"the teardown failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
     ports = {str(p.port) for h in plan.hosts for s in h.services if s.kind in monitor.KINDS for p in s.ports}
     for h in plan.hosts:
