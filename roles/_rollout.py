@@ -51,9 +51,6 @@ def _changed() -> set[str]:
     return {k for k, fn in _registry().items() if fn()}
 
 
-def mode(cp) -> tuple[str, int]:
-    """(m3_rollout, m3_rollout_max_unavailable) as the plan resolved them (their defaults: core.settings)."""
-    return str(cp.setting("m3_rollout")), int(cp.setting("m3_rollout_max_unavailable"))
 
 
 def _run(host_name: str, cmd: str) -> tuple[bool, str]:
@@ -141,7 +138,7 @@ def _ids(cp, key: str) -> set[str]:
 def _roll(cp) -> None:
     changed = _changed()
     todo = [w for w in cp.workers if changed & set(w.services)]
-    _, max_unavailable = mode(cp)
+    max_unavailable = cp.rollout.max_unavailable
     idle = [w for w in todo if not _is_active(w.services[0])]
     live = [w for w in todo if w not in idle]
     done: list[int] = []
@@ -176,7 +173,7 @@ def roll_workers() -> None:
     from roles.serving import endpoint_owner
 
     cp, hp = u.plans()
-    if mode(cp)[0] != "rolling" or hp.name != endpoint_owner(cp):
+    if cp.rollout.mode != "rolling" or hp.name != endpoint_owner(cp):
         return
     u.track(python.call(name="Roll the changed workers, one engine instance at a time", function=_roll, cp=cp,
                         _if=lambda: bool(_changed())))

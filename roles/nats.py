@@ -1,7 +1,7 @@
 """NATS (JetStream on, raised max_payload, user/password auth) for Dynamo, on the cluster address.
 
-Reads (through m3deploy.deploy.context): cluster_plan().name and settings m3_nats_max_payload
-(default 33554432: long prompts time out below it, Dynamo issue 9734); host_plan().services of
+Reads (through m3deploy.deploy.context): cluster_plan().name and .nats (max_payload, from m3_nats_max_payload,
+default 33554432: long prompts time out below it, Dynamo issue 9734; the NATS cluster's name); host_plan().services of
 kind "nats": argv (`nats-server -c CONF`), ports "client" and "monitor", env
 (NATS_AUTH_USERNAME), secret_env (NATS_AUTH_PASSWORD), env_file, workdir (JetStream store under
 it), readiness.

@@ -4,8 +4,8 @@ Reads (through m3deploy.deploy.context): cluster_plan() (name; the frontend serv
 lists this host's workers); host_plan().services of kind "worker": command (native venv argv for
 the mocker, `docker run ...` for GPU engines), env, secret_env, env_file, workdir, readiness,
 rank; kind "scripted" (the mocker cluster's tool-call engine) the same way. Mocker and scripted engines run
-files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. Settings m3_rollout,
-m3_rollout_max_unavailable: only the units whose unit file or env file (or that script) changed are restarted:
+files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. cluster_plan().rollout (m3_rollout,
+m3_rollout_max_unavailable): only the units whose unit file or env file (or that script) changed are restarted:
 one engine instance at a time by roles/_rollout.py (m3_rollout="rolling", the default), or here, per host, all
 at once (`_if=op.did_change`, m3_rollout="all-at-once"). A container worker also restarts when roles/images.py put a
 new image under its image's name on the host in this run (`image_changed`).
@@ -35,7 +35,7 @@ def deploy_workers():
     cp, hp = u.plans()
     workers = u.services(hp, "worker") + u.services(hp, "scripted")
     starts = []
-    rolling = _rollout.mode(cp)[0] == "rolling"
+    rolling = cp.rollout.mode == "rolling"
     if any(not s.image for s in workers):
         u.ensure_m3_user()
     sim = []

@@ -31,7 +31,7 @@ from m3deploy.core.model import (
     Service,
     WorkerPlan,
 )
-from m3deploy.core.sections import driver_plan, images_plan, weights_plan
+from m3deploy.core.sections import driver_plan, images_plan, nats_plan, rollout_plan, weights_plan
 
 ETCD_CLIENT, ETCD_PEER, NATS_CLIENT, NATS_MONITOR, NATS_CLUSTER = 2379, 2380, 4222, 8222, 6222
 # Passwords live in the controller's 0600 secrets store (m3deploy.controller.secrets); roles write them only into the
@@ -169,7 +169,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         hosts=tuple(host_plans), workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=c.etcd,
         nats_server=c.nats, dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
         venv=c.venv if serving == "dynamo" else "", model_dir=c.model_dir, model_repos=model_repos,
-        settings=recorded)
+        rollout=rollout_plan(s), nats=nats_plan(s, name) if c.nats else None, settings=recorded)
 
 
 def _common(ref: InvHost, workers: list[InvHost], control: list[InvHost], addr: Mapping[str, str]) -> _Common:

@@ -168,6 +168,22 @@ class WeightsPlan:
 
 
 @dataclass(frozen=True)
+class RolloutPlan:
+    """How the deploy restarts changed worker units (roles/_rollout.py, roles/workers.py, docs/OPERATIONS.md)."""
+
+    mode: str  # m3_rollout: "rolling" (engine instances drained and restarted in turn) | "all-at-once"
+    max_unavailable: int  # m3_rollout_max_unavailable: engine instances drained and restarted together
+
+
+@dataclass(frozen=True)
+class NatsPlan:
+    """The cluster's NATS (roles/nats.py ships nats.conf from it, deploy/hostfiles.py renders it): Dynamo only."""
+
+    max_payload: int  # m3_nats_max_payload: bytes (long prompts time out below Dynamo's need, issue 9734)
+    cluster_name: str  # the NATS cluster's name when the control hosts run it as one (routes between nodes)
+
+
+@dataclass(frozen=True)
 class HostPlan:
     name: str  # inventory name
     address: str  # cluster address (binds, advertised addresses, --master-addr)
@@ -230,6 +246,8 @@ class ClusterPlan:
     venv: str = ""  # native venv path on hosts (Dynamo frontend/mocker)
     model_dir: str = ""  # local model directory on hosts (mocker) or HF cache dir
     model_repos: tuple[ModelRepo, ...] = ()  # every HF repo any worker loads (target first); all staged offline
+    rollout: RolloutPlan | None = None  # how changed worker units restart
+    nats: NatsPlan | None = None  # Dynamo: the NATS settings
     settings: tuple[tuple[str, Any], ...] = ()  # every resolved m3_* setting, for reports
 
     def host(self, name: str) -> HostPlan:
@@ -294,5 +312,6 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "ModelRepo", "Port", "Readiness", "Provenance",
+__all__ = ["container_name", "DriverPlan", "ImagesPlan", "WeightsPlan", "RolloutPlan", "NatsPlan", "ModelRepo", "Port",
+           "Readiness", "Provenance",
            "Service", "HostPlan", "WorkerPlan", "ClusterPlan", "field"]

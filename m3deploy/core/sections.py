@@ -1,11 +1,12 @@
-"""A GPU host's typed sections of the plan, from its m3_* data and the catalog: the driver (read by roles/drivers.py
-and preflight), its images and its weights (roles/images.py, roles/weights.py)."""
+"""The plan's typed sections, from the m3_* data and the catalog: a GPU host's driver (read by roles/drivers.py
+and preflight), its images and its weights (roles/images.py, roles/weights.py); the cluster's rollout
+(roles/_rollout.py, roles/workers.py) and NATS (deploy/hostfiles.py's nats.conf)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from m3deploy.core import catalog, settings
-from m3deploy.core.model import DriverPlan, ImagesPlan, Service, WeightsPlan
+from m3deploy.core.model import DriverPlan, ImagesPlan, NatsPlan, RolloutPlan, Service, WeightsPlan
 
 
 def driver_plan(data: Mapping[str, Any], platform: str, vendor: str) -> DriverPlan:
@@ -42,3 +43,12 @@ def weights_plan(data: Mapping[str, Any], services: list[Service], venv: str) ->
                        verify=bool(settings.get(data, "m3_weights_verify")),
                        hf_cli=str(settings.get(data, "m3_hf_cli") or (f"{venv}/bin/hf" if venv else "hf")),
                        token_file=str(settings.get(data, "m3_hf_token_file") or ""))
+
+
+def rollout_plan(s: Mapping[str, Any]) -> RolloutPlan:
+    """From the cluster's resolved settings (their defaults: core.settings)."""
+    return RolloutPlan(mode=str(s["m3_rollout"]), max_unavailable=int(s["m3_rollout_max_unavailable"]))
+
+
+def nats_plan(s: Mapping[str, Any], cluster: str) -> NatsPlan:
+    return NatsPlan(max_payload=int(s["m3_nats_max_payload"]), cluster_name=f"m3-{cluster}")

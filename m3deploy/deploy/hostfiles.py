@@ -155,8 +155,8 @@ def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
     text = render("nats.conf.j2", cluster=cp.name, service=s, client=_port(s, "client"),
                   monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
                   auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
-                  max_payload=int(cp.setting("m3_nats_max_payload")),
-                  routes=routes, cluster_name=f"m3-{cp.name}", cluster_port=_port(s, "cluster") if routes else None)
+                  max_payload=cp.nats.max_payload, routes=routes, cluster_name=cp.nats.cluster_name,
+                  cluster_port=_port(s, "cluster") if routes else None)
     return HostFile(nats_conf_path(s), text)
 
 

@@ -82,6 +82,25 @@ def test_a_cluster_key_set_only_on_the_control_group_is_the_clusters():
     assert dict(plan.settings)["m3_frontend_port"] == 9000
 
 
+def test_rollout_and_nats_keys_become_the_plans_sections():
+    """m3_rollout*, m3_nats_max_payload set on the control group only: the plan's typed sections hold them, and
+    nats.conf (what roles/nats.py ships) is rendered from that section."""
+    from m3deploy.deploy.hostfiles import nats_conf
+
+    hosts = inventory.hosts_from_dict(
+        {"control": [("c1", {"m3_address": "10.0.0.9"})], "workers": [("w1", {"m3_address": "10.0.0.1"})]},
+        all_data={**BASE, "m3_serving": "dynamo", "m3_parallel": "tp8"},
+        group_data={"control": {"m3_rollout": "all-at-once", "m3_rollout_max_unavailable": 3,
+                                "m3_nats_max_payload": 16777216}})
+    plan = planmod.build(hosts, name="lab")
+    assert (plan.rollout.mode, plan.rollout.max_unavailable) == ("all-at-once", 3)
+    assert (plan.nats.max_payload, plan.nats.cluster_name) == (16777216, "m3-lab")
+    assert "max_payload: 16777216" in nats_conf(plan, plan.host("c1").service("nats")).text
+    standalone = planmod.build(inventory.hosts_from_dict({"workers": [("w1", {"m3_address": "10.0.0.1"})]},
+                                                         all_data=BASE), name="t")
+    assert standalone.nats is None and standalone.rollout.mode == "rolling"  # no NATS; the default rollout
+
+
 def test_the_refusal_names_the_files(tmp_path, monkeypatch):
     """A real inventory: the message names the group_data files that set the two values."""
     (tmp_path / "group_data").mkdir()
