@@ -1,6 +1,8 @@
-"""Shared steps of the service roles (private): render + ship a unit and its env file, start or
-restart exactly once, and wait for readiness from the controller. No decisions about flags here:
-everything comes from the plan's Service objects."""
+"""Shared steps of the service roles (private), one lifecycle for each service: install (its package, the
+package's own unit masked first: `install`) -> configure (ship its files: `ship`, `install_service`, `changes`)
+-> activate (restart exactly when its files changed, else make sure it runs: `activate`), then wait for
+readiness from the controller (`wait_ready`). No decisions about flags here: everything comes from the plan's
+Service objects."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +14,7 @@ from pathlib import Path
 from pyinfra import host, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.operations import python, systemd
+from pyinfra.operations import apt, python, systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy.check import readiness as _readiness
@@ -203,6 +205,19 @@ def ensure_system_user(user: str, home: str):
            f"--shell /usr/sbin/nologin {u_}")
 
 
+def install(package: str = "", mask: HostFile | None = None, mask_name: str = ""):
+    """Install: a service's Debian package, after its own unit is stopped and masked when `mask` (the package's
+    postinst would otherwise start it on every address before our unit exists)."""
+    if mask is not None:
+        unit = mask.path.rsplit("/", 1)[1]
+        systemd.service(name=f"Stop the package's {unit}", service=unit, running=False, enabled=False)
+        masked = ship(mask, name=mask_name or f"Mask {unit}")
+        systemd.daemon_reload(name=f"Reload systemd ({unit} masked)", _if=masked.did_change)
+    if package:
+        apt.packages(name=f"Install {package}", packages=[package], no_recommends=True, update=True,
+                     cache_time=3600)
+
+
 def ensure_m3_user():
     ensure_system_user(name=f"Ensure system user {M3_USER}", user=M3_USER, home=M3_HOME)
     ensure_dir(name=f"Ensure {M3_HOME}", path=M3_HOME, user="root", group="root", mode="0755")
@@ -305,21 +320,32 @@ def started_anything() -> bool:
     return any(_did_change(op) for op in getattr(state, "_m3_service_ops", ()))
 
 
-def start_or_restart(s: Service, unit_op, changed_ops, restart: bool = True):
-    """daemon-reload if the unit changed; restart iff any of changed_ops changed, else ensure started.
-    With restart=False a changed unit is only enabled here and left to roles/_rollout.py (rolling restart).
-    Returns a callable: did this run (re)start the service? (readiness waits run only then)."""
-    systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
+def activate(unit: str, unit_op, changed_ops, *, restart=None, why: str = "its files changed", reload=None,
+             rolled: bool = False, tracked: bool = True):
+    """Activate: the one restart-when-changed of every service role. daemon-reload when the unit file changed
+    (`unit_op`); when any of `changed_ops` changed, restart the unit (`restart(changed)` makes that op instead:
+    the edge's drained restart), or with `rolled` only enable it (roles/_rollout.py restarts it in turn, and its
+    op counts for started_anything()); `reload` = (why, ops): reload it when only those changed (hitless); else
+    make sure it runs. `tracked`: its (re)starts count for started_anything(). Returns a callable: did this run
+    (re)start it? (readiness waits run only then)."""
+    systemd.daemon_reload(name=f"Reload systemd (unit {unit} changed)", _if=unit_op.did_change)
     changed = any_changed(*changed_ops)
-    if restart:
-        ops = [systemd.service(name=f"Restart {s.unit} (its files changed)", service=s.unit, running=True,
-                               restarted=True, enabled=True, _if=changed)]
-    else:  # enabled here, (re)started in turn by roles/_rollout.py, whose op counts for started_anything()
-        systemd.service(name=f"Enable {s.unit} (the rollout restarts it)", service=s.unit, running=None,
+    ops = []
+    if rolled:
+        systemd.service(name=f"Enable {unit} (the rollout restarts it)", service=unit, running=None,
                         enabled=True, _if=changed)
-        ops = []
-    ops.append(ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed()))
-    track(*ops)
+    elif restart is not None:
+        ops.append(restart(changed))
+    else:
+        ops.append(systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True,
+                                   enabled=True, _if=changed))
+    if reload is not None:
+        reload_why, reloaded = reload[0], any_changed(*reload[1])
+        systemd.service(name=f"Reload {unit} ({reload_why})", service=unit, running=True, reloaded=True,
+                        _if=lambda: reloaded() and not changed())
+    ops.append(ensure_started(name=f"Start {unit}", unit=unit, _if=lambda: not changed()))
+    if tracked:
+        track(*ops)
     return lambda: any(_did_change(op) for op in ops)
 
 

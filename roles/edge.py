@@ -21,8 +21,7 @@ import time
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, python, systemd
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import python
 
 from m3deploy.check import readiness as _readiness
 from m3deploy.check import rollout
@@ -46,22 +45,12 @@ def deploy_edge():
     cp, hp = u.plans()
     for s in u.services(hp, "edge"):
         mask, *files = edgefiles.edge_files(cp, s, u.secrets_for(cp))
-        systemd.service(name=f"Stop the package's {PACKAGE_UNIT}", service=PACKAGE_UNIT, running=False, enabled=False)
-        mask_op = u.ship(mask, name=f"Mask the package's {PACKAGE_UNIT}")
-        systemd.daemon_reload(name=f"Reload systemd ({PACKAGE_UNIT} masked)", _if=mask_op.did_change)
-        apt.packages(name="Install haproxy", packages=["haproxy"], no_recommends=True, update=True, cache_time=3600)
-        ops = [u.ship(f) for f in files]
-        unit_op = ops[-1]
-        systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
-        restart = any_changed(unit_op, u.changes(s)[0])
-        reload_ = any_changed(*ops[:-1])
-        started = [systemd.service(name=f"Restart {s.unit} (its unit changed)", service=s.unit, running=True,
-                                   restarted=True, enabled=True, _if=restart)]
-        systemd.service(name=f"Reload {s.unit} (config, certificate or keys changed: hitless)", service=s.unit,
-                        running=True, reloaded=True, _if=lambda r=reload_, x=restart: r() and not x())
-        started.append(u.ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda x=restart: not x()))
-        u.track(*started)
-        u.wait_ready(s, lambda ops=tuple(started): any(u._did_change(op) for op in ops))
+        u.install("haproxy", mask=mask, mask_name=f"Mask the package's {PACKAGE_UNIT}")
+        *confs, unit_op = [u.ship(f) for f in files]
+        # the unit restarts; its config, certificate or keys reload (hitless)
+        started = u.activate(s.unit, unit_op, [unit_op, u.changes(s)[0]], why="its unit changed",
+                             reload=("config, certificate or keys changed: hitless", confs))
+        u.wait_ready(s, started)
 
 
 def runtime(host_name: str, command: str) -> tuple[bool, str]:
@@ -143,11 +132,7 @@ def _drained_restart(cp, s) -> None:
 
 
 def restart_frontend(cp, s, unit_op, changed_ops):
-    """roles/_units.start_or_restart for a frontend behind the edge: the restart drained (see module doc)."""
-    systemd.daemon_reload(name=f"Reload systemd (unit {s.unit} changed)", _if=unit_op.did_change)
-    changed = any_changed(*changed_ops)
-    ops = [python.call(name=f"Restart {s.unit} drained at the edge (its files changed)", function=_drained_restart,
-                       cp=cp, s=s, _if=changed),
-           u.ensure_started(name=f"Start {s.unit}", unit=s.unit, _if=lambda: not changed())]
-    u.track(*ops)
-    return lambda: any(u._did_change(op) for op in ops)
+    """roles/_units.activate for a frontend behind the edge: the restart drained (see module doc)."""
+    return u.activate(s.unit, unit_op, changed_ops, restart=lambda changed: python.call(
+        name=f"Restart {s.unit} drained at the edge (its files changed)", function=_drained_restart, cp=cp, s=s,
+        _if=changed))

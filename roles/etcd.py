@@ -15,7 +15,6 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import deploy, operation
-from pyinfra.operations import apt
 
 from m3deploy.controller.secrets import ensure_secrets, public_pem
 from m3deploy.core.build import etcd_jwt_keys
@@ -53,8 +52,7 @@ def _jwt_keys(cp, key: str, pub: str) -> list:
 def deploy_etcd():
     cp, hp = u.plans()
     for s in u.services(hp, "etcd"):
-        apt.packages(name="Install etcd-server", packages=["etcd-server"], no_recommends=True,
-                     update=True, cache_time=3600)
+        u.install("etcd-server")
         u.ensure_workdir(s, USER)
         changed = []
         if "--auth-token" in s.argv:  # every member of an etcd with auth
@@ -63,5 +61,5 @@ def deploy_etcd():
         if hostfiles.etcd_auth(s):  # the first member only
             changed.append(u.ship(hostfiles.auth_script(), name=f"Ship {AUTH_SCRIPT}"))
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op, *changed))
+        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *changed))
         u.wait_ready(s, started)

@@ -7,8 +7,6 @@ Runs as system user m3 (root only when the plan gives it a container image).
 Needs deploy_artifacts() first (venv) and etcd/NATS ready.
 """
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
-from pyinfra.operations.util import any_changed
 
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.hostfiles import WATCHDOG
@@ -27,7 +25,7 @@ def deploy_frontend():
         if any(x.kind == "edge" for h in cp.hosts for x in h.services):  # drained at the edge (roles/edge.py)
             started = restart_frontend(cp, s, unit_op, u.changes(s, unit_op, env_op))
         else:
-            started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op))
+            started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op))
         u.wait_ready(s, started)
         if hostfiles.has_watchdog(s):
             _watchdog(cp, s)
@@ -39,8 +37,4 @@ def _watchdog(cp, s):
     name = hostfiles.watchdog_unit_name(s)
     script = u.ship(hostfiles.watchdog_script(), name=f"Ship {WATCHDOG}")
     unit = u.ship(hostfiles.watchdog_unit(cp, s))
-    systemd.daemon_reload(name=f"Reload systemd ({name} changed)", _if=unit.did_change)
-    changed = any_changed(script, unit)
-    systemd.service(name=f"Restart {name} (its files changed)", service=name, running=True,
-                    restarted=True, enabled=True, _if=changed)
-    u.ensure_started(name=f"Start {name}", unit=name, _if=lambda: not changed())
+    u.activate(name, unit, [script, unit], tracked=False)

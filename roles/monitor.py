@@ -16,7 +16,7 @@ m3_nats_exporter_port, m3_monitor_scrape_interval_s, m3_prometheus_retention_tim
   they cause; readiness is Prometheus's /-/ready (polled from the controller, only when this run restarted it).
 """
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import server
 
 from m3deploy.core import monitor
 from m3deploy.deploy import hostfiles
@@ -29,16 +29,8 @@ def deploy_monitor():
     for s in hp.services:
         if s.kind not in monitor.KINDS:
             continue
-        mask = hostfiles.monitor_mask(s)
-        if mask is not None:  # before the package: its postinst would start its unit on all addresses
-            unit = mask.path.rsplit("/", 1)[1]
-            systemd.service(name=f"Stop the package's {unit}", service=unit, running=False, enabled=False)
-            masked = u.ship(mask, name=f"Mask {unit}")
-            systemd.daemon_reload(name=f"Reload systemd ({unit} masked)", _if=masked.did_change)
-        package = monitor.PACKAGES.get(s.kind)
-        if package:
-            apt.packages(name=f"Install {package}", packages=[package], no_recommends=True, update=True,
-                         cache_time=3600)
+        # a package's own unit masked before the package: its postinst would start it on all addresses
+        u.install(monitor.PACKAGES.get(s.kind, ""), mask=hostfiles.monitor_mask(s))
         user = hostfiles.service_user(s)
         u.ensure_workdir(s, user)
         changed = []
@@ -53,5 +45,5 @@ def deploy_monitor():
         if s.env_file:  # a container's --env-file
             changed.append(u.ship(hostfiles.env_file(s, None)))
         unit_op = u.ship(hostfiles.unit_file(cp, s))
-        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, *changed))
+        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, *changed))
         u.wait_ready(s, started)

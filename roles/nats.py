@@ -13,7 +13,6 @@ port: nats.conf then makes it one node of a cluster (routes to every node, the s
 JetStream clustered; docs/OPERATIONS.md "HA control plane").
 """
 from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
 
 from m3deploy.deploy import hostfiles
 from roles import _units as u
@@ -26,15 +25,10 @@ def deploy_nats():
     cp, hp = u.plans()
     for s in u.services(hp, "nats"):
         conf = hostfiles.nats_conf(cp, s)
-        # Mask the package's unit BEFORE installing, so its postinst cannot start it on 0.0.0.0:4222.
-        systemd.service(name="Stop the package's nats-server.service", service="nats-server.service",
-                        running=False, enabled=False)
-        mask = u.ship(hostfiles.nats_mask(), name="Mask nats-server.service")
-        systemd.daemon_reload(name="Reload systemd (nats-server masked)", _if=mask.did_change)
-        apt.packages(name="Install nats-server", packages=["nats-server"], no_recommends=True,
-                     update=True, cache_time=3600)
+        # the package's unit masked BEFORE installing, so its postinst cannot start it on 0.0.0.0:4222
+        u.install("nats-server", mask=hostfiles.nats_mask())
         u.ensure_workdir(s, USER)
         conf_op = u.ship(conf)
         unit_op, env_op = u.install_service(cp, s)
-        started = u.start_or_restart(s, unit_op, u.changes(s, unit_op, env_op, conf_op))
+        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, conf_op))
         u.wait_ready(s, started)

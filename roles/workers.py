@@ -56,7 +56,7 @@ def deploy_workers():
         roll = rolling and s.kind == "worker"
         if roll:
             _rollout.register(s, lambda ops=tuple(changed): any(u._did_change(op) for op in ops))
-        starts.append(u.start_or_restart(s, unit_op, changed, restart=not roll))
+        starts.append(u.activate(s.unit, unit_op, changed, rolled=roll))
     # all of this host's ranks start first, then the waits: engines load in parallel
     for s, started in zip(workers, starts):
         u.wait_ready(s, started)

@@ -96,3 +96,18 @@ def test_no_function_in_core_or_deploy_is_over_60_lines():
                 if n > MAX_FUNCTION_LINES:
                     long[f"{p.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
     assert long == {}
+
+
+# the roles of the plan's services, and the calls that restart, reload or start a unit (roles/_units.py owns them)
+SERVICE_ROLES = ("etcd", "nats", "frontend", "workers", "monitor", "edge")
+LIFECYCLE_CALLS = ("systemd.daemon_reload(", "restarted=True", "reloaded=True", "any_changed(", "ensure_started(",
+                   "start_or_restart(")
+
+
+@pytest.mark.parametrize("role", SERVICE_ROLES)
+def test_service_roles_restart_only_through_the_one_lifecycle(role):
+    """install -> configure -> activate: restart-when-changed is written once (roles/_units.py `activate`)."""
+    text = (ROOT / "roles" / f"{role}.py").read_text()
+    assert "u.activate(" in text, f"roles/{role}.py does not activate its services through roles/_units.activate"
+    found = [c for c in LIFECYCLE_CALLS if c in text]
+    assert not found, f"roles/{role}.py restates the lifecycle ({', '.join(found)}): use roles/_units.activate"
