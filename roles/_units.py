@@ -205,6 +205,12 @@ def ensure_system_user(user: str, home: str):
            f"--shell /usr/sbin/nologin {u_}")
 
 
+# An apt install that fetches from the mirror is tried again, after a pause, when it fails: a mirror (or the proxy in
+# front of it) that drops connections answers every one of apt's own immediate retries alike (seen on the testbed:
+# "503 Connection closed" for docker.io on one host of three, twice in a cold run). pyinfra's own op retries.
+APT_RETRIES = {"_retries": 2, "_retry_delay": 20}
+
+
 def install(package: str = "", mask: HostFile | None = None, mask_name: str = ""):
     """Install: a service's Debian package, after its own unit is stopped and masked when `mask` (the package's
     postinst would otherwise start it on every address before our unit exists)."""
@@ -215,7 +221,7 @@ def install(package: str = "", mask: HostFile | None = None, mask_name: str = ""
         systemd.daemon_reload(name=f"Reload systemd ({unit} masked)", _if=masked.did_change)
     if package:
         apt.packages(name=f"Install {package}", packages=[package], no_recommends=True, update=True,
-                     cache_time=3600)
+                     cache_time=3600, **APT_RETRIES)
 
 
 def ensure_m3_user():

@@ -21,6 +21,7 @@ from pyinfra.operations import apt, files, server, systemd
 from m3deploy import facts as F
 from m3deploy.core.catalog import version_tuple
 from roles import _gpu
+from roles import _units as u
 
 IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
 
@@ -63,7 +64,7 @@ def _install_nvidia(hp) -> bool:
     os_ = _gpu.require_ubuntu(f"install {', '.join(missing)}")
     update = _gpu.ensure_cuda_repo(hp, os_)
     apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=update,
-                 extra_install_args=_gpu.APT_LOCK)
+                 extra_install_args=_gpu.APT_LOCK, **u.APT_RETRIES)
     return driver_pkg in missing
 
 

@@ -16,6 +16,7 @@ from pyinfra.operations import apt, server, systemd
 
 from m3deploy import facts as F
 from roles import _gpu
+from roles import _units as u
 
 
 @deploy("Container runtime")
@@ -33,7 +34,8 @@ def deploy_runtime():
         # without Recommends, as etcd, NATS and rsync: docker.io's are git, needrestart (restarts services on
         # upgrades: unwanted on a serving host), apparmor, cgroupfs-mount, xz-utils, ca-certificates
         apt.packages(name="Install the Docker engine", packages=list(hp.images.docker_packages),
-                     update=True, cache_time=3600, no_recommends=True, extra_install_args=_gpu.APT_LOCK)
+                     update=True, cache_time=3600, no_recommends=True, extra_install_args=_gpu.APT_LOCK,
+                     **u.APT_RETRIES)
     st = services.get("docker") or {}
     if not (st.get("active") == "active" and st.get("enabled") == "enabled"):
         systemd.service(name="Enable and start docker", service="docker", running=True, enabled=True)
@@ -43,7 +45,7 @@ def deploy_runtime():
         os_ = _gpu.require_ubuntu("install the NVIDIA Container Toolkit")
         update = _gpu.ensure_cuda_repo(hp, os_)
         apt.packages(name="Install the NVIDIA Container Toolkit", packages=["nvidia-container-toolkit"],
-                     update=update, extra_install_args=_gpu.APT_LOCK)
+                     update=update, extra_install_args=_gpu.APT_LOCK, **u.APT_RETRIES)
     if not docker["nvidia_runtime"]:
         configure = server.shell(name="Add the nvidia runtime to /etc/docker/daemon.json",
                                  commands=["nvidia-ctk runtime configure --runtime=docker"])
