@@ -18,5 +18,5 @@ env -i HOME="$work/home" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
   M3_TESTBED_CACHE="$work/testbed-cache" bash scripts/demo.sh > "$work/demo.log" 2>&1
 end=$(date +%s.%N)
 grep -E "host image ready|wheelhouse .* built in|passed, [0-9]+ failed" "$work/demo.log" || true
-printf 'cold demo: %.1f s (log: %s/demo.log; load average now: %s)\n' "$(echo "$end - $start" | bc)" "$work" \
+printf 'cold demo: %.1f s (log: %s/demo.log; load average now: %s)\n' "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" "$work" \
   "$(cut -d' ' -f1-3 /proc/loadavg)"
