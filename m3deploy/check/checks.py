@@ -347,11 +347,7 @@ def _url_host(h: HostPlan, address: str) -> str:
 
 
 def frontend(plan: ClusterPlan) -> tuple[HostPlan, Service] | None:
-    for h in plan.hosts:
-        for s in h.services:
-            if s.kind == "frontend":
-                return h, s
-    return None
+    return plan.first("frontend")
 
 
 def frontend_url(plan: ClusterPlan, path: str) -> str:

@@ -267,6 +267,10 @@ class ClusterPlan:
     def group(self, group: str) -> tuple[HostPlan, ...]:
         return tuple(h for h in self.hosts if group in h.groups)
 
+    def first(self, kind: str) -> tuple[HostPlan, Service] | None:
+        """The first service of this kind in host order, with its host (None if the plan has none)."""
+        return next(((h, s) for h in self.hosts for s in h.services if s.kind == kind), None)
+
     def to_dict(self, provenance: bool = False) -> dict[str, Any]:
         """Plain data for `m3deploy plan --json` (provenance only when asked: it is the bulk)."""
         out = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("hosts", "workers")}

@@ -177,11 +177,7 @@ def restarts_expr(job: str, window: str = "1h") -> str:
 
 
 def prometheus_service(plan: ClusterPlan) -> tuple[HostPlan, Service] | None:
-    for h in plan.hosts:
-        for s in h.services:
-            if s.kind == "prometheus":
-                return h, s
-    return None
+    return plan.first("prometheus")
 
 
 def prometheus_url(plan: ClusterPlan, path: str = "") -> str:
