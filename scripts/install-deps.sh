@@ -26,6 +26,13 @@ if [ "$(id -u)" != 0 ]; then
        "m3deploy by hand into a venv: README.md \"Installing by hand\"" >&2
   exit 1
 fi
+# One install at a time on this machine: two at once (two terminals, or a test run beside a demo) would rebuild the
+# shared benchmark client's venv under each other. The second one waits.
+exec 9>/run/lock/m3deploy-install.lock
+if ! flock -n 9; then
+  echo "== waiting for another scripts/install-deps.sh on this machine (/run/lock/m3deploy-install.lock)"
+  flock 9
+fi
 py="${M3DEPLOY_PYTHON:-/usr/bin/python3}"
 venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 
