@@ -157,11 +157,28 @@ def _fit_problems(s: Mapping[str, Any], workers: Sequence[Any]) -> list[str]:
                        f"{gpus}-GPU hosts) but has {len(pools[pool])}"
                        + (f" ({', '.join(named)} set m3_disagg_role = '{pool}')" if named else "")
                        + ". Fix: change the pool's workers, or add/move worker hosts")
+        out += _memory_problem(s, workers[0].data, pool, lay.size)
     left = [h.name for h in workers if not any(h in pools[p] for p in POOLS)]
     if left and not out:
         out.append(f"group workers: {', '.join(left)} are in no pool (m3_disagg's pools take "
                    f"{sum(len(pools[p]) for p in POOLS)} hosts). Fix: more workers in a pool, or fewer worker hosts")
     return out
+
+
+def _memory_problem(s: Mapping[str, Any], data: Mapping[str, Any], pool: str, size: int) -> list[str]:
+    """A pool's worker must hold the variant's weights (catalog.yaml vram_minimum_gb), as validate.worker_layout
+    checks for m3_parallel."""
+    info = catalog.platform(str(settings.get(data, "m3_platform")))
+    if info.get("vendor") not in ("nvidia", "amd") or (catalog.engines().get(str(s["m3_engine"])) or {}).get(
+            "simulated"):
+        return []
+    per_gpu = int(data.get("m3_gpu_memory_gb") or info["gpu_memory_gb"])
+    need = int(catalog.catalog()["variants"][s["m3_variant"]]["vram_minimum_gb"])
+    if per_gpu * size >= need:
+        return []
+    return [f"key m3_disagg: the {pool} pool's {parallel_name(s, pool)} worker has {size} x {per_gpu} GB of GPU "
+            f"memory, below the {s['m3_variant']} weights' {need} GB. Fix: a larger parallel for the pool, or a "
+            "smaller variant"]
 
 
 def parallel_name(s: Mapping[str, Any], pool: str) -> str:

@@ -139,6 +139,7 @@ def test_encoder_disaggregation_is_refused():
     ({"prefill": {"workers": 1}, "decode": {"workers": 1}}, 3, "w3 are in no pool"),
     ({"prefill": {"workers": 1, "parallel": "tp3"}, "decode": {"workers": 1}}, 2, "does not lay out"),
     ({"prefill": {"workers": 1, "parallel": "tp4"}, "decode": {"workers": 1}}, 2, "do not fill whole hosts"),
+    ({"prefill": {"workers": 4, "parallel": "tp2"}, "decode": {"workers": 1}}, 2, "below the mxfp8 weights' 513 GB"),
 ])
 def test_pools_that_do_not_fit_are_refused(pools, n, why):
     ps = _problems(n, {**GPU, "m3_disagg": pools})
@@ -177,3 +178,25 @@ def test_rdma_facts_reach_disaggregated_workers():
     assert [dict(s.env)["UCX_NET_DEVICES"] for s in _workers(plan)] == ["mlx5_0:1", "mlx5_1:1"]
     agg = build.build(_hosts(2, GPU), name="t", facts={"w1": {"env": {"UCX_NET_DEVICES": "mlx5_0:1"}}})
     assert "UCX_NET_DEVICES" not in dict(_workers(agg)[0].env)  # aggregated single-host workers: unchanged
+
+
+def test_verify_gains_the_disagg_checks_only_for_pools():
+    from m3deploy.check.checks import worker_pools
+    from m3deploy.check.verify.disagg import disagg_checks
+
+    assert disagg_checks(_plan(2, SIM)) == [] and worker_pools(_plan(2, SIM)) == {}
+    plan = _plan(2, {**SIM, "m3_disagg": POOLS1})
+    assert [c.id for c in disagg_checks(plan)] == ["disagg/instances", "disagg/request", "disagg/stream",
+                                                   "disagg/kv-router"]
+    assert worker_pools(plan) == {"w1/m3-worker@0": "prefill", "w2/m3-worker@0": "decode"}
+
+
+def test_pinned_requests_name_both_pools():
+    """A pin in a disaggregated plan: prefill_worker_id + backend_instance_id (Dynamo 1.6.1 answers 400 to a
+    backend_instance_id alone there: seen on the testbed)."""
+    from m3deploy.check.readiness import _pin
+
+    ids, pools = {"a": 1, "b": 2}, {"a": "prefill", "b": "decode"}
+    assert _pin("a", 1, ids, pools) == {"instance_id": 2, "prefill_id": 1, "pool": "prefill"}
+    assert _pin("b", 2, ids, pools) == {"instance_id": 2, "prefill_id": 1, "pool": "decode"}
+    assert _pin("a", 1, ids, {}) == {"instance_id": 1}
