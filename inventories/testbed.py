@@ -6,6 +6,12 @@ Cluster-wide choices for the testbed (m3_engine="mocker", m3_platform="sim", ...
 group_data/testbed.py, not here. With no testbed up this raises an M3Error naming the fix.
 
     pyinfra -y inventories/testbed.py deploy.py
+
+Disaggregated (docs/DISAGG.md): mocker prefill and decode workers on separate hosts, the first worker host the
+prefill pool, the next the decode pool (a 3-host testbed: 1 control + 2 workers), then verify's disagg checks:
+
+    pyinfra -y inventories/testbed.py deploy.py --data 'm3_disagg={"prefill":{"workers":1},"decode":{"workers":1}}'
+    m3deploy verify inventories/testbed.py --data 'm3_disagg={"prefill":{"workers":1},"decode":{"workers":1}}'
 """
 
 import os as _os

@@ -93,7 +93,8 @@ def _worker_ids(cp) -> dict[str, int]:
 def each_worker_answers(cp, timeout_s: float = 60) -> str:
     """Listed is not routable: one real request pinned to each worker must be answered by that worker."""
     ids = _worker_ids(cp)
-    got = readiness.answered_by_each(cp.endpoint, cp.served_model_name, ids, secrets.api_key(cp), timeout_s)
+    got = readiness.answered_by_each(cp.endpoint, cp.served_model_name, ids, secrets.api_key(cp), timeout_s,
+                                     pools=checks.worker_pools(cp))
     for key, wid in ids.items():
         if got[key] != wid:
             raise M3Error(f"a request pinned to {key} (instance {wid}) was answered by {got[key]} after {timeout_s} "

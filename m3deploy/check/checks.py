@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_key
+from m3deploy.core.disagg import pool_of
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -367,6 +368,12 @@ def instance_services(plan: ClusterPlan) -> list[tuple[HostPlan, Service]]:
         h = plan.host(hname)
         out.append((h, h.service(sname)))
     return out
+
+
+def worker_pools(plan: ClusterPlan) -> dict[str, str]:
+    """{"host/service": "prefill" | "decode"} of every planned worker of a disaggregated plan (m3_disagg); {}."""
+    pools = {f"{h.name}/{s.name}": pool_of(s) for h, s in instance_services(plan)}
+    return pools if any(pools.values()) else {}
 
 
 def system_port(h: HostPlan, s: Service) -> int | None:

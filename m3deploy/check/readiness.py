@@ -206,31 +206,48 @@ def wait_model_ready(base_url: str, model: str, timeout_s: float = 120, interval
 
 
 def pinned_chat(endpoint: str, model: str, instance_id: int, timeout: float = 60.0,
-                api_key: str | None = None) -> int | None:
+                api_key: str | None = None, prefill_id: int | None = None, pool: str = "decode") -> int | None:
     """POST one small chat request that the Dynamo frontend must route to worker `instance_id`
     (`nvext.backend_instance_id`); return the worker id the frontend says served it (urllib: it also runs inside
-    pyinfra's gevent, where httpx cannot)."""
+    pyinfra's gevent, where httpx cannot). Disaggregated (m3_disagg): also pinned to prefill worker `prefill_id`
+    (`nvext.prefill_worker_id`; Dynamo 1.6.1 answers 400 to a backend_instance_id alone there), and the id
+    returned is that of the `pool` ("prefill" | "decode") worker that served it."""
+    nvext = {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}
+    if prefill_id is not None:
+        nvext["prefill_worker_id"] = prefill_id
     body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Say hello."}],
-                       "nvext": {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}}).encode()
+                       "nvext": nvext}).encode()
     req = urllib.request.Request(f"{endpoint.rstrip('/')}/chat/completions", data=body,
                                  headers={"Content-Type": "application/json", **auth(api_key)})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         doc = json.loads(resp.read())
-    return ((doc.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+    return ((doc.get("nvext") or {}).get("worker_id") or {}).get(f"{pool}_worker_id")
+
+
+def _pin(key: str, wid: int, ids: dict[str, int], pools: dict[str, str]) -> dict:
+    """pinned_chat's arguments for worker `key`: itself; disaggregated, with the first worker of the other pool."""
+    if not pools:
+        return {"instance_id": wid}
+    other = {p: next(ids[k] for k in ids if pools.get(k) == p) for p in ("prefill", "decode")}
+    if pools[key] == "prefill":
+        return {"instance_id": other["decode"], "prefill_id": wid, "pool": "prefill"}
+    return {"instance_id": wid, "prefill_id": other["prefill"], "pool": "decode"}
 
 
 def answered_by_each(endpoint: str, model: str, ids: dict[str, int], api_key: str | None = None,
-                     timeout_s: float = 0.0) -> dict[str, int | str | None]:
+                     timeout_s: float = 0.0, pools: dict[str, str] | None = None) -> dict[str, int | str | None]:
     """Listed is not routable: one real chat request pinned to each worker ({"host/service": Dynamo instance
     id}) -> {key: the instance that answered, or the error}; each retried until its own worker answers or
     `timeout_s` passes (0: once). The one check of the deploy's last gate (roles/serving.py) and of
-    `m3deploy verify`'s smoke/routable (check/verify/contract.py)."""
+    `m3deploy verify`'s smoke/routable (check/verify/contract.py). `pools`: {key: "prefill" | "decode"} of a
+    disaggregated plan (checks.worker_pools), else empty."""
     out: dict[str, int | str | None] = {}
     for key, wid in ids.items():
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                got: int | str | None = pinned_chat(endpoint, model, wid, api_key=api_key)
+                got: int | str | None = pinned_chat(endpoint, model, api_key=api_key,
+                                                    **_pin(key, wid, ids, pools or {}))
             except (OSError, ValueError) as e:
                 got = f"an error: {e}"
             if got == wid or time.monotonic() >= deadline:

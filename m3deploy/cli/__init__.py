@@ -134,9 +134,12 @@ def render_text(p, only_host=None, explain=False) -> str:
     if p.model_repos:
         out.append("# model repos (staged into every GPU host's HF cache): "
                    + ", ".join(f"{r.repo} ({r.role})" for r in p.model_repos))
+    from m3deploy.check.checks import worker_pools
+
+    pools = worker_pools(p)  # m3_disagg: each worker's pool
     for w in p.workers:
         out.append(f"# worker {w.index}: {' -> '.join(w.services)} (tp {w.tensor_parallel}, dp {w.data_parallel}, "
-                   f"{w.gpus_per_rank} GPU(s) per rank)")
+                   f"{w.gpus_per_rank} GPU(s) per rank" + (f", {pools[w.services[0]]} pool)" if pools else ")"))
     for h in p.hosts:
         if only_host and h.name != only_host:
             continue

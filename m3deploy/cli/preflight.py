@@ -1,4 +1,5 @@
-"""`m3deploy preflight INVENTORY [--host H] [--json] [--nccl]`: facts vs plan, changing nothing; exit 1 if any
+"""`m3deploy preflight INVENTORY [--host H] [--json] [--nccl] [--kv-transfer]`: facts vs plan, changing nothing;
+exit 1 if any
 check failed."""
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from m3deploy.core.errors import M3Error
 @click.option("--host", "hosts", multiple=True, help="Only this inventory host (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print checks and facts as JSON.")
 @click.option("--nccl", is_flag=True, help="Also run a short NCCL all-reduce across each GPU host's GPUs.")
-def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool) -> None:
+@click.option("--kv-transfer", is_flag=True, help="m3_disagg: also run ucx_perftest GPU to GPU between each prefill "
+              "and decode host, in the worker image, against the KV bandwidth floor (docs/DISAGG.md).")
+def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool, kv_transfer: bool) -> None:
     """Gather facts from every host and check them against the plan. Changes nothing."""
     try:
         _, cluster = load(inventory, facts=False)
         inv = pyinfra_inventory(inventory)
-        report = run_preflight(inv, cluster, hosts, nccl)
+        report = run_preflight(inv, cluster, hosts, nccl, kv_transfer)
     except M3Error as e:
         raise click.ClickException(str(e)) from e
     if as_json:

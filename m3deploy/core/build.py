@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, edge, layout, monitor, mpi, recipes, repos, settings, simengine
+from m3deploy.core import catalog, disagg, edge, layout, monitor, mpi, recipes, repos, settings, simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -81,7 +81,8 @@ def with_fact_env(plan: ClusterPlan, hp: HostPlan, env: Mapping[str, str]) -> Ho
     services = []
     for svc in hp.services:
         have = dict(svc.env)
-        add = {k: str(v) for k, v in env.items() if svc.kind == "worker" and svc.nnodes > 1 and k not in have}
+        add = {k: str(v) for k, v in env.items() if svc.kind == "worker" and (svc.nnodes > 1 or disagg.uses_fabric(
+            svc)) and k not in have}
         if not add:
             services.append(svc)
             continue
@@ -112,6 +113,7 @@ class _Common:
     venv: str
     model_dir: str
     home: str
+    pool: str = ""  # m3_disagg: "prefill" | "decode" (core/disagg.py); "" aggregated
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         for x in control:
             services[x.name] += _control_services(x.name, addr[x.name], c.home, bool(s["m3_auth"]), members, name)
     lay = layout.Layout(c.size, layout.gpus_per_host(ref.data) if workers else 1)
-    worker_plans, slots = _lay_workers(c, lay, workers, addr, services)
+    worker_plans, slots = disagg.lay_pools(c, workers, _lay_workers, addr, services) if disagg.enabled(s) else \
+        _lay_workers(c, lay, workers, addr, services)
     # a multi-host worker of an engine launched as one MPI world (engines.yaml mpi_world): mpirun from rank 0
     mpi.apply(services, worker_plans, catalog.engines()[engine], serving, addr)
     if catalog.engines()[engine].get("scripted") and serving == "dynamo" and worker_plans:  # tool-call engine
@@ -160,7 +163,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     model_repos = _model_repos(c, hosts, services)
     host_plans = [_host_plan(c, h, addr[h.name], services[h.name], lay.span) for h in hosts]
-    recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s)) + (
+    recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS
+                            if k in s and (s[k] or not settings.KEYS[k].omit_unset))) + (
         ("m3_features_effective", list(c.features)),)
     return ClusterPlan(
         name=name, platform=settings.get(ref.data, "m3_platform") or "", variant=s["m3_variant"],
@@ -194,14 +198,14 @@ def _common(ref: InvHost, workers: list[InvHost], control: list[InvHost], addr: 
 
 
 def _lay_workers(c: _Common, lay: layout.Layout, workers: list[InvHost], addr: Mapping[str, str],
-                 services: dict[str, list[Service]]) -> tuple[list[WorkerPlan], dict[str, int]]:
+                 services: dict[str, list[Service]], start: int = 0) -> tuple[list[WorkerPlan], dict[str, int]]:
     """Lay engine instances over the worker hosts (core.layout): each rank's service added to its host's;
-    returns the workers and how many slots each host uses."""
+    returns the workers (indices from `start`) and how many slots each host uses."""
     worker_plans: list[WorkerPlan] = []
     slots: dict[str, int] = {h: 0 for h in addr}
     for group in lay.groups(workers):
         for k in range(lay.per_host):
-            devices, svc_names, rank0, widx = lay.devices(k), [], group[0], len(worker_plans)
+            devices, svc_names, rank0, widx = lay.devices(k), [], group[0], start + len(worker_plans)
             for rank, h in enumerate(group):
                 svc = _worker_service(c, _Rank(
                     idx=widx, rank=rank, nnodes=lay.span, slot=slots[h.name], host=h, address=addr[h.name],
@@ -424,6 +428,7 @@ def _worker_service(c: _Common, rk: _Rank) -> Service:
         (None if rules.get("simulated") else r.image)
     svc_ports, readiness = _worker_endpoints(c, rk, r, rules, info, ports, image, timeout)
     svc_ports, readiness = _multi_host(rk, r, rules, fill, svc_ports, readiness, timeout)
+    svc_ports += disagg.ports(r.argv(), r.env, rk.address, rules)  # m3_disagg: KV-transfer ports
     head = _launch_line(c, r, rules, fill)
     docker = _docker_args(c, rk, r, info) if image else []
     files = _engine_files(c, rk, r, rules, docker if image else None)
@@ -457,7 +462,7 @@ def _worker_ctx(c: _Common, rk: _Rank, info: Mapping[str, Any], kv_port: int) ->
         "device_ids": ",".join(str(d) for d in rk.devices), "max_model_len": s["m3_max_model_len"],
         "max_num_seqs": s["m3_max_num_seqs"], "mocker_speedup_ratio": s["m3_mocker_speedup_ratio"],
         "cudagraph_capture_sizes": json.dumps(sizes, separators=(",", ":")),
-    }
+        **disagg.ctx(s, c.pool, rk.slot, c.size)}
 
 
 def _user_overrides(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any], fill: dict) -> None:
@@ -484,6 +489,7 @@ def _user_overrides(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[s
         r.set_env(k, v, f"{CLUSTER_LAYER}:m3_rdma_env", src)
     for k, v in (s["m3_extra_env"] or {}).items():
         r.set_env(k, v, f"{CLUSTER_LAYER}:m3_extra_env", src)
+    disagg.overrides(r, s, c.pool, recipes.parse_arg_list)  # m3_disagg's pool: over the cluster's
 
 
 def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping[str, Any],

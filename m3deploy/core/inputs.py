@@ -292,6 +292,21 @@ def _env_problem(value) -> str:
     return ""
 
 
+def _disagg_problem(value) -> str:
+    """m3_disagg: its shape (core.disagg), then each pool's args and env as m3_extra_args / m3_extra_env's."""
+    from m3deploy.core import disagg
+
+    why = disagg.shape_problem(value)
+    for pool in disagg.POOLS if not why and value else ():
+        args, env = value[pool].get("args") or [], value[pool].get("env") or {}
+        bad = secret_flags(args)
+        why = (f"{pool}.args: {_names(bad)} carries a secret (value not shown). {SECRET_FIX}" if bad else "") or (
+            f"{pool}.env: " + _env_problem(env) if _env_problem(env) else "")
+        if why:
+            break
+    return why
+
+
 # checks that are one pattern: (the pattern the whole value must match, what is wrong when it does not)
 FORMATS = {
     "name": (CLUSTER_NAME, "{value!r}: a cluster name is letters, digits, . _ - (it names units and the controller's "
@@ -338,6 +353,8 @@ def _semantic(key, value) -> str:
             return f"{_names(bad)} carries a secret (value not shown). {SECRET_FIX}"
         tokens = [*value, *map(str, value.values())] if isinstance(value, dict) else value
         return _url_problem(tokens) or size_problem(tokens, key.name)
+    elif check == "disagg":
+        return _disagg_problem(value)
     elif check == "names":
         bad = [v for v in value if not isinstance(v, str) or not v]
         if bad:

@@ -19,7 +19,7 @@ from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import Provenance
 
-_WHEN_KEYS = {"engine", "serving", "vendor", "generation", "platform", "variant", "parallel", "ep", "dp_mode",
+_WHEN_KEYS = {"engine", "serving", "vendor", "generation", "platform", "variant", "parallel", "ep", "dp_mode", "disagg",
               "multi_host", "features", "runtime"}
 _LAYER_KEYS = {"name", "when", "target", "image", "docker", "env", "args", "unset", "readiness_timeout_s", "scope"}
 

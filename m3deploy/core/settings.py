@@ -28,6 +28,7 @@ class Key:
     check: str = ""  # what m3deploy.core.inputs checks beyond the type (see CHECKS), e.g. "port", "path:teardown"
     values: tuple = ()  # allowed values, when a fixed set
     range: tuple = ()  # (min, max) of a number, inclusive
+    omit_unset: bool = False  # a cluster key the plan records only when set (so that adding it changed no plan)
 
     def parse(self, value: Any) -> tuple[Any, str]:
         """(the value as the plan reads it, "" ) or (value, why it is not this key's type). Booleans parse
@@ -187,6 +188,14 @@ _KEYS = (
     Key("m3_edge_frontends", int, 2, "with the edge: frontend processes per control host (m3-frontend, "
         "m3-frontend-1, ...; ports from m3_frontend_port): a restart of one is drained while another serves",
         True, range=(1, 8)),
+    # disaggregated prefill/decode (m3deploy.core.disagg, docs/DISAGG.md)
+    Key("m3_disagg", dict, {}, "Dynamo: prefill and decode pools instead of aggregated workers, e.g. {'prefill': "
+        "{'workers': 1, 'parallel': 'tp4'}, 'decode': {'workers': 1, 'parallel': 'tp4'}}; per pool also 'args', "
+        "'env', 'unset', 'readiness_timeout_s'; ports 'bootstrap_port' (8998), 'nixl_side_channel_port' (5600); "
+        "mocker: 'kv_transfer_bandwidth' (GB/s), 'kv_bytes_per_token'. Absent: aggregated (docs/DISAGG.md)", True,
+        check="disagg", omit_unset=True),
+    Key("m3_disagg_role", str, None, "m3_disagg: the host's pool (else hosts join the pools in rank order, prefill "
+        "first)", values=("prefill", "decode")),
     Key("m3_tls_cert_file", str, None, "the edge's certificate chain (PEM, controller path, 0600); default: one "
         "signed by the cluster CA the controller makes (m3deploy.controller.tls)", True),
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
@@ -255,6 +264,7 @@ CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the 
     "weights_source": "hub, controller, shared, or mirror:<host> naming an inventory host",
     "duration": "a Prometheus duration, e.g. 15d, 12h, 1w",
     "bytesize": "a Prometheus size, e.g. 10GB, 512MB",
+    "disagg": "{'prefill': {...}, 'decode': {...}} with the pool keys of docs/DISAGG.md",
 }
 # Keys that were replaced: the input check names the new spelling (m3deploy.core.inputs.did_you_mean).
 RENAMED = {"m3_hf_cache_shared": "m3_weights_source = 'shared'"}

@@ -181,6 +181,15 @@ def edge_settings(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def disagg_settings(c: Cluster, add: Add) -> None:
+    """m3_disagg: what cannot be disaggregated, and whether the pools fit the hosts (m3deploy.core.disagg)."""
+    from m3deploy.core import disagg
+
+    for p in disagg.problems(c.s, c.workers, len(c.control), c.features):
+        add(p)
+
+
+@rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
     """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
     mode = c.s["m3_rollout"]

@@ -35,7 +35,7 @@ DYNAMIC_PREFIX = {"dynamo.trtllm": "--trtllm."}
 FOREIGN_ENV = {
     "NCCL_": "NCCL", "UCX_": "UCX", "GLOO_": "PyTorch Gloo", "TORCH_": "PyTorch", "HF_": "huggingface_hub",
     "NVIDIA_": "NVIDIA Container Toolkit", "HIP_": "ROCm HIP runtime", "GPU_MAX_HW_QUEUES": "ROCm HIP runtime",
-    "HOME": "the process", "M3_": "m3deploy", "OMPI_": "Open MPI", "CUDA_": "CUDA",
+    "HOME": "the process", "M3_": "m3deploy", "OMPI_": "Open MPI", "CUDA_": "CUDA", "PYTHONUNBUFFERED": "CPython",
 }
 USER_LAYERS = ("cluster:m3_extra_args", "cluster:m3_extra_env")  # the user's own, not the recipe's
 

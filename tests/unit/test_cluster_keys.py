@@ -36,6 +36,7 @@ PAIRS = {
     "m3_edge_frontends": (2, 1), "m3_tls_cert_file": ("/etc/m3-a/edge.pem", "/etc/m3-b/edge.pem"),
     "m3_tls_key_file": ("/etc/m3-a/edge.key", "/etc/m3-b/edge.key"),
     "m3_tls_ca_file": ("/etc/m3-a/ca.pem", "/etc/m3-b/ca.pem"),
+    "m3_disagg": ({}, {"prefill": {"workers": 1}, "decode": {"workers": 1}}),
 }
 BASE = {"m3_platform": "h200"}
 

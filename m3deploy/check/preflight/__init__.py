@@ -13,7 +13,7 @@ import base64
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +28,8 @@ NCCL_PASSTHROUGH_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", 
                         "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")
 
 
+from m3deploy.check.preflight.result import Check  # noqa: E402  (the one result type of every check)
 from m3deploy.core.netenv import env_from_facts  # noqa: E402,F401  (public here too)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
 
 # --------------------------------------------------------------------------------------------
 # Checks
@@ -70,7 +62,9 @@ def check_host(hp: HostPlan, facts: dict[str, Any]) -> list[Check]:
     checks.append(_check_shm(hp, facts))
     if hp.needs_rdma:
         checks.append(_check_rdma(hp, facts))
-    return checks
+    from m3deploy.check.preflight import kvfabric
+
+    return checks + kvfabric.host_checks(hp, facts)  # m3_disagg: the KV fabric of prefill/decode hosts
 
 
 def _check_os(hp: HostPlan, facts: dict) -> Check:
@@ -296,7 +290,28 @@ def pyinfra_inventory(path: str):
         return make_inventory(str(p), cwd=str(Path.cwd()), group_data_directories=extra)
 
 
-def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = False) -> dict[str, dict]:
+def run_kv_transfer_checks(state_hosts: dict, cluster, floor_gbps: float | None = None) -> dict[str, Check]:
+    """`--kv-transfer`: ucx_perftest GPU to GPU between each (prefill host, decode host) pair of the plan
+    (m3deploy.check.preflight.kvfabric); {"prefill->decode": Check}. `state_hosts`: {name: connected pyinfra host}."""
+    import gevent
+    from pyinfra.api import StringCommand
+
+    from m3deploy.check.preflight import kvfabric
+
+    out = {}
+    for p, d in kvfabric.transfer_pairs(cluster):
+        srv, cli = kvfabric.perftest_commands(cluster.host(d), cluster.host(p), worker_image(cluster.host(p)))
+        server = gevent.spawn(state_hosts[d].run_shell_command, StringCommand(srv), _timeout=150)
+        gevent.sleep(2)  # the server listens first
+        _, output = state_hosts[p].run_shell_command(StringCommand(cli), _timeout=150)
+        server.join(timeout=150)
+        out[f"{p}->{d}"] = kvfabric.parse_perftest("\n".join(output.output_lines),
+                                                   floor_gbps or kvfabric.KV_FLOOR_GBPS, f"{p} -> {d}")
+    return out
+
+
+def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = False,
+                  kv_transfer: bool = False) -> dict[str, dict]:
     """Connect, gather facts, check. Returns {host: {"plan": HostPlan, "facts": {...}, "checks": [Check]}}."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all, disconnect_all
@@ -333,6 +348,9 @@ def run_preflight(inventory, cluster, hosts: tuple[str, ...] = (), nccl: bool = 
             if nccl and hp.gpus > 0:
                 checks.append(run_nccl_check(host, hp, float(dict(hp.data).get("m3_nccl_min_busbw_gbps", 0) or 0)))
             report[host.name] = {"plan": hp, "facts": facts, "checks": checks}
+        if kv_transfer:
+            for pair, check in run_kv_transfer_checks({h.name: h for h in inventory if h.connected}, cluster).items():
+                report[pair.split("->")[0]]["checks"].append(check)
     finally:
         disconnect_all(state)
     from m3deploy.controller import factcache

@@ -337,8 +337,9 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     if smoke:
         from m3deploy.check.verify import contract
         from m3deploy.check.verify import smoke as smokemod
+        from m3deploy.check.verify.disagg import disagg_checks
 
-        checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan)
+        checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan) + disagg_checks(plan)
     return checks
 
 

@@ -18,7 +18,15 @@ import urllib.parse
 from typing import Callable
 
 from m3deploy.check import readiness
-from m3deploy.check.checks import Check, CheckFailed, Context, frontend, frontend_url, instance_services
+from m3deploy.check.checks import (
+    Check,
+    CheckFailed,
+    Context,
+    frontend,
+    frontend_url,
+    instance_services,
+    worker_pools,
+)
 from m3deploy.check.verify.smoke import (
     TOOLS,
     _call,
@@ -203,7 +211,7 @@ def _routable(ctx: Context) -> str:
     before = request_counters(ctx)
     back = {v: k for k, v in ids.items()}
     got = readiness.answered_by_each(ctx.plan.endpoint, ctx.plan.served_model_name, {k: ids[k] for k in planned},
-                                     api_key=ctx.api_key)
+                                     api_key=ctx.api_key, pools=worker_pools(ctx.plan))
     wrong = [f"{key} -> {back.get(got[key], got[key])}" for key in planned if got[key] != ids[key]]
     d = deltas(before, request_counters(ctx))
     ev = f"{len(planned) - len(wrong)}/{len(planned)} pinned requests answered by their worker; /metrics " + \

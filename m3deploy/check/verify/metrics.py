@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from m3deploy.check import readiness
-from m3deploy.check.checks import Check, CheckFailed, Context, instance_services
+from m3deploy.check.checks import Check, CheckFailed, Context, instance_services, worker_pools
 from m3deploy.check.status import Prometheus
 from m3deploy.core import monitor as M
 from m3deploy.core.model import ClusterPlan
@@ -61,8 +61,9 @@ def _counters(ctx: Context) -> str:
     missing = [f"{h}/{s}" for h, s in planned if (h, s) not in ids]
     if missing:
         raise CheckFailed(f"Prometheus has no generate counter of {missing} yet")
-    for k in planned:
-        readiness.pinned_chat(plan.endpoint, plan.served_model_name, int(ids[k], 16), api_key=ctx.api_key)
+    readiness.answered_by_each(plan.endpoint, plan.served_model_name,
+                               {f"{h}/{s}": int(ids[(h, s)], 16) for h, s in planned}, api_key=ctx.api_key,
+                               pools=worker_pools(plan))  # one request pinned to each (m3_disagg: both pools)
     wait = 3 * int(M.setting(plan, "m3_monitor_scrape_interval_s")) + 2
     deadline, short = time.monotonic() + wait, planned
     while True:

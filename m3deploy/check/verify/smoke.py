@@ -37,6 +37,7 @@ from m3deploy.check.checks import (
     instance_services,
     metrics_url,
     worker_id_hex,
+    worker_pools,
 )
 from m3deploy.controller import tls
 from m3deploy.core.model import ClusterPlan
@@ -279,7 +280,7 @@ def _session_affinity(turns: int, header: str = SESSION_HEADER) -> Callable[[Con
 
 def _session_spread(sessions: int) -> Callable[[Context], str]:
     def fn(ctx: Context) -> str:
-        n_workers = len(instance_services(ctx.plan))
+        n_workers = _decode_workers(ctx.plan)
         tag = uuid.uuid4().hex[:8]
         sids = [f"m3verify-{tag}-{i}" for i in range(sessions)]
         first: dict[str, str] = {}
@@ -312,6 +313,12 @@ def _session_spread(sessions: int) -> Callable[[Context], str]:
             raise CheckFailed(ev + f"; counters of {short} rose less than the frontend reported")
         return ev
     return fn
+
+
+def _decode_workers(plan: ClusterPlan) -> int:
+    """Workers a session can stick to: every worker, or a disaggregated plan's decode pool."""
+    pools = worker_pools(plan)
+    return sum(p == "decode" for p in pools.values()) if pools else len(plan.workers)
 
 
 # ------------------------------------------------------------------------------------------------ list
@@ -348,8 +355,8 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
             out.append(Check(cid, "smoke", "frontend", f"4 turns with one {header} land on one worker",
                              _session_affinity(4, header), _curl(plan, "/chat/completions", body, {header: "s1"})
                              + "   # repeat; compare .nvext.worker_id"))
-        if len(plan.workers) >= 2:
-            n = max(6, 2 * len(plan.workers))
+        if _decode_workers(plan) >= 2:  # sessions stick to decode workers (m3_disagg: the decode pool's)
+            n = max(6, 2 * _decode_workers(plan))
             out.append(Check("smoke/session-spread", "smoke", "frontend",
                              f"{n} new sessions spread over workers, each then sticks", _session_spread(n),
                              _curl(plan, "/chat/completions", body, {SESSION_HEADER: "s2"})
