@@ -365,8 +365,9 @@ def _control_services(host: str, a: str, state_dir: str, auth: bool, members: tu
     return [etcd, nats]
 
 
-def _dynamo_env(a: str, etcd: str, nats: str, home: str, auth: bool) -> list[tuple[str, str]]:
-    env = [("HOME", home), ("ETCD_ENDPOINTS", etcd)]
+def _dynamo_env(a: str, etcd: str, nats: str, home: str, s) -> list[tuple[str, str]]:
+    auth, ttl = bool(s["m3_auth"]), s.get("m3_etcd_lease_ttl")  # ETCD_LEASE_TTL: lib/runtime/src/transports/etcd.rs
+    env = [("HOME", home), ("ETCD_ENDPOINTS", etcd)] + ([("ETCD_LEASE_TTL", str(ttl))] if ttl else [])
     if auth:
         # not read by Dynamo: names the etcd token type its login depends on, so that a change of it (simple ->
         # jwt, etcd_jwt_option) changes this env file and restarts the clients, which hold tokens of the old type
@@ -385,7 +386,7 @@ def _frontend_service(c: _Common, h: InvHost, a: str) -> Service:
            "serving": "dynamo"}
     r = recipes.resolve(ctx, target="frontend")
     # its own host's NATS as the seed (every control host runs one); workers seed from the first control host
-    env = dict(_dynamo_env(a, etcd, nats_seed(a), f"{home}/m3-frontend", bool(s["m3_auth"])))
+    env = dict(_dynamo_env(a, etcd, nats_seed(a), f"{home}/m3-frontend", s))
     for k, v in r.env.items():
         env[k] = v
     env["HF_HUB_OFFLINE"] = "1"  # hosts are air-gapped: nothing is fetched from a hub at run time
@@ -502,7 +503,7 @@ def _worker_endpoints(c: _Common, rk: _Rank, r: recipes.Resolved, rules: Mapping
     plan_env: list[tuple[str, str]] = []
     if s["m3_serving"] == "dynamo":
         whome = "/root" if image else f"{c.home}/m3-worker@{rk.slot}"  # a native process: its own HOME
-        plan_env += _dynamo_env(address, c.etcd, c.nats, whome, bool(s["m3_auth"]))
+        plan_env += _dynamo_env(address, c.etcd, c.nats, whome, s)
         plan_env += [("DYN_SYSTEM_PORT", str(ports["system"])),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
         out = [Port("system", ports["system"], address)]

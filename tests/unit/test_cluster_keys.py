@@ -22,7 +22,7 @@ PAIRS = {
     "m3_venv_root": ("/opt/m3", "/opt/m3-b"), "m3_hf_cache": ("/var/lib/m3/hf", "/srv/m3/hf"),
     "m3_state_dir": ("/var/lib/m3", "/srv/m3"), "m3_max_num_seqs": (256, 128),
     "m3_cudagraph_capture_sizes": ([1, 2], [1, 4]), "m3_mocker_startup_time": (0, 5),
-    "m3_mocker_speedup_ratio": (10, 20), "m3_readiness_timeout_s": (600, 900), "m3_auth": (True, False),
+    "m3_mocker_speedup_ratio": (10, 20), "m3_readiness_timeout_s": (600, 900), "m3_auth": (True, False), "m3_etcd_lease_ttl": (120, 60),
     "m3_nats_max_payload": (33554432, 16777216), "m3_keep_caches": (False, True),
     "m3_rollout": ("rolling", "all-at-once"), "m3_rollout_max_unavailable": (1, 2),
     "m3_image_pull": ("missing", "always"), "m3_runtime": ("native", "docker"),
