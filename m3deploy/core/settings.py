@@ -187,6 +187,9 @@ _KEYS = (
     Key("m3_edge_frontends", int, 2, "with the edge: frontend processes per control host (m3-frontend, "
         "m3-frontend-1, ...; ports from m3_frontend_port): a restart of one is drained while another serves",
         True, range=(1, 8)),
+    Key("m3_internal_tls", bool, False, "Dynamo: TLS with client certificates of the cluster CA for etcd (clients "
+        "and peers) and NATS (clients and routes); clients without a certificate are refused "
+        "(m3deploy.core.internal_tls)", True),
     Key("m3_tls_cert_file", str, None, "the edge's certificate chain (PEM, controller path, 0600); default: one "
         "signed by the cluster CA the controller makes (m3deploy.controller.tls)", True),
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
