@@ -135,7 +135,10 @@ def main():
     errors = []
     for url in endpoints:
         try:
-            etcd = Etcd(url, env.get("ETCD_AUTH_USERNAME", ""), env.get("ETCD_AUTH_PASSWORD", ""), tls_context(env))
+            # with m3_internal_tls the login is M3_ETCD_USER / M3_ETCD_PASSWORD (Dynamo logs in by certificate)
+            user = env.get("ETCD_AUTH_USERNAME") or env.get("M3_ETCD_USER", "")
+            password = env.get("ETCD_AUTH_PASSWORD") or env.get("M3_ETCD_PASSWORD", "")
+            etcd = Etcd(url, user, password, tls_context(env))
             dead = dead_records(etcd, host, listening_ports())
             for lease in dict.fromkeys(lease for lease, _, _ in dead):
                 etcd.call("lease/revoke", {"ID": lease})

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from m3deploy.controller import secrets as store
 from m3deploy.controller.cachelock import locked
+from m3deploy.core import internal_tls
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import is_ip
 
@@ -208,8 +209,9 @@ def _current(data: dict, name: str, address: str) -> bool:
     cert = data.get(f"tls-cert:{name}")
     if not cert or f"tls-key:{name}" not in data:
         return False
-    if x509.load_pem_x509_certificate(cert.encode()).subject.rfc4514_string():
-        return False  # one made with a CommonName (etcd's gateway refuses it): made again
+    want_cn = internal_tls.common_name(name.rsplit(":", 1)[1])
+    if x509.load_pem_x509_certificate(cert.encode()).subject.rfc4514_string() != (f"CN={want_cn}" if want_cn else ""):
+        return False  # made with another subject (etcd's gateway refuses a CommonName; Dynamo logs in by one)
     issuer = x509.load_pem_x509_certificate(cert.encode()).issuer
     return _sans(cert) == [address] and issuer == x509.load_pem_x509_certificate(data[CA_CERT].encode()).subject
 
@@ -232,11 +234,11 @@ def cluster_certs(plan) -> dict[str, str]:
             for name, (address, who) in want.items():
                 if not _current(data, name, address):
                     key = _key()
-                    usage = ("client",) if who == "client" else ("server", "client")
+                    usage = ("server", "client") if who in ("etcd", "nats") else ("client",)
                     data[f"tls-key:{name}"] = _pem_key(key)
-                    # no subject (the address is in the SAN): etcd 3.4's JSON gateway answers 400 to a client
-                    # certificate with a CommonName ("CommonName of client sending a request against gateway will
-                    # be ignored and not used as expected"); the auth and unregister scripts use that gateway
-                    data[f"tls-cert:{name}"] = _pem_cert(_cert("", key, ca_name, ca_key, 730, False, [address], usage))
+                    # the subject: the etcd user of a Dynamo client, else none (the address is in the SAN; etcd
+                    # 3.4's JSON gateway refuses a CommonName: m3deploy.core.internal_tls.COMMON_NAME says why)
+                    data[f"tls-cert:{name}"] = _pem_cert(_cert(internal_tls.common_name(who), key, ca_name, ca_key,
+                                                               730, False, [address], usage))
             store.write_secrets(plan.name, data)
     return {CA_REF: data[CA_CERT], **{k: data[k] for n in want for k in (f"tls-cert:{n}", f"tls-key:{n}")}}

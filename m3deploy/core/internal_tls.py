@@ -37,6 +37,15 @@ NATS_ENV = {"ca": "NATS_TLS_CA_CERT_PATH", "crt": "NATS_TLS_CLIENT_CERT_PATH", "
 ETCD_ENV = ("ETCD_AUTH_CA", "ETCD_AUTH_CLIENT_CERT", "ETCD_AUTH_CLIENT_KEY")  # PEM text, set by LAUNCHER
 # the same files for our own etcd clients (files/m3-unregister-dead.py), as paths
 FILE_ENV = {"ca": "M3_ETCD_CA_FILE", "crt": "M3_ETCD_CERT_FILE", "key": "M3_ETCD_KEY_FILE"}
+# Dynamo 1.6.1 takes ETCD_AUTH_CA/... only without ETCD_AUTH_USERNAME: with a user set it ignores them and the
+# handshake fails ("unknown certificate authority"; tried on this machine). So with TLS a Dynamo client logs in to
+# etcd by its certificate: etcd 3.4 with --client-cert-auth and auth on takes a certificate's CommonName as the user
+# when a request has no token. The `client` certificate names the Dynamo user (core.build.AUTH_USER); our scripts
+# talk to etcd's JSON gateway, which answers 400 to any certificate with a CommonName ("CommonName of client
+# sending a request against gateway will be ignored and not used as expected"): they show a `gateway` one, without
+# CommonName, and log in with the password (files/m3-unregister-dead.py).
+COMMON_NAME = {"client": "m3"}
+ETCD_LOGIN_ENV = {"ETCD_AUTH_USERNAME": "M3_ETCD_USER", "ETCD_AUTH_PASSWORD": "M3_ETCD_PASSWORD"}
 _USERS = {"etcd": "etcd", "nats": "nats"}  # the packages' users (m3deploy.deploy.hostfiles.service_user)
 
 
@@ -66,13 +75,19 @@ def owner(s: Service) -> str:
     return _USERS.get(s.kind) or ("root" if s.image else "m3")
 
 
-def paths(s: Service) -> dict[str, str]:
-    return {"ca": f"{TLS_DIR}/{s.name}-ca.crt", "crt": f"{TLS_DIR}/{s.name}.crt", "key": f"{TLS_DIR}/{s.name}.key"}
+def common_name(who: str) -> str:
+    return COMMON_NAME.get(who, "")
+
+
+def paths(s: Service, who: str = "") -> dict[str, str]:
+    n = f"{s.name}-{who}" if who == "gateway" else s.name
+    return {"ca": f"{TLS_DIR}/{s.name}-ca.crt", "crt": f"{TLS_DIR}/{n}.crt", "key": f"{TLS_DIR}/{n}.key"}
 
 
 def _files(s: Service, who: str) -> tuple[tuple[str, str], ...]:
-    p = paths(s)
-    return ((p["ca"], CA_REF), (p["crt"], cert_ref(s.host, who)), (p["key"], key_ref(s.host, who)))
+    p = paths(s, who)
+    return (((p["ca"], CA_REF),) if who != "gateway" else ()) + (
+        (p["crt"], cert_ref(s.host, who)), (p["key"], key_ref(s.host, who)))
 
 
 def _etcd(s: Service, address: str) -> Service:
@@ -90,13 +105,15 @@ def _etcd(s: Service, address: str) -> Service:
 
 
 def _dynamo(s: Service) -> Service:
-    p = paths(s)
-    env = tuple((k, v.replace("http://", "https://") if k == "ETCD_ENDPOINTS" else
+    p, gw = paths(s), paths(s, "gateway")
+    env = tuple((ETCD_LOGIN_ENV.get(k, k), v.replace("http://", "https://") if k == "ETCD_ENDPOINTS" else
                  v.replace("nats://", "tls://") if k == "NATS_SERVER" else v) for k, v in s.env)
     env += tuple((name, p[kind]) for kind, name in NATS_ENV.items())
-    env += tuple((name, p[kind]) for kind, name in FILE_ENV.items())
+    env += tuple((name, gw[kind]) for kind, name in FILE_ENV.items())
+    secret_env = tuple((ETCD_LOGIN_ENV.get(k, k), ref) for k, ref in s.secret_env)
     docker = (("-v", f"{TLS_DIR}:{TLS_DIR}:ro") + tuple(a for n in ETCD_ENV for a in ("-e", n))) if s.image else ()
-    return replace(s, env=env, docker_args=s.docker_args + docker, secret_files=s.secret_files + _files(s, "client"))
+    return replace(s, env=env, secret_env=secret_env, docker_args=s.docker_args + docker,
+                   secret_files=s.secret_files + _files(s, "client") + _files(s, "gateway"))
 
 
 def launcher(s: Service) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import pytest
 
 from m3deploy.controller import tls
 from m3deploy.core import internal_tls
-from m3deploy.core.build import build
+from m3deploy.core.build import AUTH_USER, build
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import InvHost
 from m3deploy.deploy import hostfiles
@@ -81,8 +81,12 @@ def test_dynamo_clients_get_the_env_names_dynamo_reads():
         assert set(internal_tls.ETCD_ENV) <= set(FIX["etcd_auth_env"])
         assert env["NATS_TLS_CLIENT_KEY_PATH"] == f"/etc/m3/tls/{s.name}.key"
         assert env["NATS_SERVER"].startswith("tls://") and env["ETCD_ENDPOINTS"].startswith("https://")
-        # ETCD_AUTH_* are PEM text: never in the env file, exported by the launcher from the 0600 files
+        # ETCD_AUTH_* are PEM text: never in the env file, exported by the launcher from the 0600 files; no etcd
+        # user or password for Dynamo (with one it ignores the TLS settings): it logs in by its certificate
         assert not set(internal_tls.ETCD_ENV) & set(env)
+        assert "ETCD_AUTH_USERNAME" not in env and env["M3_ETCD_USER"] == AUTH_USER == internal_tls.COMMON_NAME["client"]
+        assert dict(s.secret_env)["M3_ETCD_PASSWORD"] == "etcd-password" and "NATS_AUTH_PASSWORD" in dict(s.secret_env)
+        assert env["M3_ETCD_CERT_FILE"] == f"/etc/m3/tls/{s.name}-gateway.crt"  # the unregister script's
         unit = hostfiles.unit_file(p, s).text
         start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
         assert start.startswith(f"ExecStart={internal_tls.LAUNCHER} /etc/m3/tls/{s.name}-ca.crt "
@@ -120,10 +124,13 @@ def test_controller_signs_each_host_once_with_the_cluster_ca(tmp_path):
     assert tls.cluster_certs(p) == certs  # a re-run signs nothing
     ca = x509.load_pem_x509_certificate(certs[internal_tls.CA_REF].encode())
     for name, address, usage in (("ctl0:etcd", "10.0.0.1", {"server", "client"}),
-                                 ("ctl0:nats", "10.0.0.1", {"server", "client"}), ("w1:client", "10.0.0.21", {"client"})):
+                                 ("ctl0:nats", "10.0.0.1", {"server", "client"}), ("w1:client", "10.0.0.21", {"client"}),
+                                 ("w1:gateway", "10.0.0.21", {"client"})):
         c = x509.load_pem_x509_certificate(certs[f"tls-cert:{name}"].encode())
         c.verify_directly_issued_by(ca)
-        assert not c.subject.rfc4514_string()  # no CommonName: etcd 3.4's gateway refuses one (controller.tls)
+        # a Dynamo client logs in to etcd by its CommonName (the Dynamo user); the others have none: etcd 3.4's JSON
+        # gateway refuses one (m3deploy.core.internal_tls.COMMON_NAME)
+        assert c.subject.rfc4514_string() == ("CN=m3" if name.endswith(":client") else "")
         alt = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert [str(a) for a in alt.get_values_for_type(x509.IPAddress)] == [address]
         eku = set(c.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
