@@ -12,7 +12,8 @@ in a temporary directory, deployed with `--data m3_internal_tls=true` (etcd auth
 3. nothing but sshd listens on a wildcard address, and no private key or password is in a world-readable file;
 4. a killed worker's records are revoked through etcd's TLS port (files/m3-unregister-dead.py with the gateway
    certificate), and the worker is listed again.
-M3_E2E_KEEP=1 keeps the testbed.
+M3_ITLS_EDGE=1 deploys the edge too (`--data m3_edge=true`: verify then also checks HTTPS with the CA and every
+frontend behind it). M3_E2E_KEEP=1 keeps the testbed.
 """
 from __future__ import annotations
 
@@ -31,12 +32,13 @@ from m3deploy.testbed import core as testbed
 pytestmark = pytest.mark.e2e
 
 NAME = os.environ.get("M3_ITLS_TESTBED", "m3vp2")
+EDGE = os.environ.get("M3_ITLS_EDGE") == "1"  # also m3_edge: HAProxy with the cluster CA in front of the frontends
 SUBNET = os.environ.get("M3_ITLS_SUBNET", "10.141.0.0/24")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-itls-config-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "3", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
-DATA = ("--data", "m3_internal_tls=true")
+DATA = ("--data", "m3_internal_tls=true") + (("--data", "m3_edge=true") if EDGE else ())
 
 # on a host (python3 is on every host): connect to HOST:PORT, TLS with the CA only (no client certificate), send a
 # request; prints what came back, or the error. A refusal prints REFUSED.

@@ -157,3 +157,19 @@ def test_launcher_exports_the_files_text_and_execs(tmp_path):
     bad = subprocess.run(["sh", str(REPO / "files/m3-tls-env"), str(tmp_path / "missing"), *files[1:], "true"],
                          capture_output=True, text=True)
     assert bad.returncode != 0  # a missing file never starts the process without its certificate
+
+
+def test_with_the_edge_every_frontend_is_a_tls_client():
+    p = build(hosts(m3_edge=True), name="t")
+    fronts = [s for h in p.hosts for s in h.services if s.kind == "frontend"]
+    assert len(fronts) == 2 and all(internal_tls.launcher(s) for s in fronts)
+    assert len({internal_tls.paths(s)["key"] for s in fronts}) == 2  # each its own files
+    assert p.endpoint.startswith("https://")
+
+
+def test_prometheus_scrapes_etcd_on_its_plain_metrics_listener():
+    from m3deploy.core import monitor
+
+    p = build(hosts(m3_monitor=True), name="t")
+    etcd = [t for t in monitor.targets(p) if t.job == "etcd"]
+    assert [t.address for t in etcd] == ["10.0.0.1:2381"]  # not the client port, which wants a certificate
