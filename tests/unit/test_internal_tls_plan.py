@@ -173,3 +173,15 @@ def test_prometheus_scrapes_etcd_on_its_plain_metrics_listener():
     p = build(hosts(m3_monitor=True), name="t")
     etcd = [t for t in monitor.targets(p) if t.job == "etcd"]
     assert [t.address for t in etcd] == ["10.0.0.1:2381"]  # not the client port, which wants a certificate
+
+
+def test_verify_checks_each_control_host_and_each_tls_file():
+    from m3deploy.check.verify import all_checks
+
+    p = build(hosts(3), name="t")
+    ids = {c.id: c for c in all_checks(p, smoke=False)}
+    assert {f"tls/{k}/ctl{i}" for k in ("etcd", "nats") for i in range(3)} <= set(ids)
+    assert ids["file/ctl0/etcd/etcd.key"].title == "/etc/m3/tls/etcd.key is 0600 etcd:etcd"
+    assert ids["file/w0/m3-worker@0/m3-worker@0-gateway.key"].title.endswith("0600 m3:m3")
+    off = build(hosts(m3_internal_tls=False), name="t")
+    assert not [c.id for c in all_checks(off, smoke=False) if c.id.startswith("tls/")]
