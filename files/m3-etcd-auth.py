@@ -4,6 +4,8 @@
 Reads from the environment (the unit's 0600 EnvironmentFile, never argv):
   M3_ETCD_URL          client URL of this member, e.g. http://10.77.0.2:2379
   M3_ETCD_ROOT_PASSWORD  password of etcd's `root` user (admin only; Dynamo never gets it)
+  M3_ETCD_CA / M3_ETCD_CERT / M3_ETCD_KEY   with m3_internal_tls: the CA and this member's certificate and key
+                                            (its client port wants one)
   M3_ETCD_USER / M3_ETCD_PASSWORD   the user Dynamo connects as (Dynamo gets them as
                                     ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD;
                                     not ETCD_* here: etcd itself reads ETCD_* variables as its flags)
@@ -32,13 +34,27 @@ USER_PW = os.environ["M3_ETCD_PASSWORD"]
 ALL_KEYS = base64.b64encode(b"\0").decode()  # key "\0" .. range_end "\0" = every key
 
 
+def _context():
+    """With m3_internal_tls (M3_ETCD_CA/CERT/KEY: this member's files): verify etcd, show its certificate."""
+    import ssl
+
+    if not os.environ.get("M3_ETCD_CA"):
+        return None
+    ctx = ssl.create_default_context(cafile=os.environ["M3_ETCD_CA"])
+    ctx.load_cert_chain(os.environ["M3_ETCD_CERT"], os.environ["M3_ETCD_KEY"])
+    return ctx
+
+
+CONTEXT = _context()
+
+
 def call(path, body, token=None):
     req = urllib.request.Request(URL + "/v3/" + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     if token:
         req.add_header("Authorization", token)
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=CONTEXT) as r:
             return json.loads(r.read() or b"{}"), None
     except urllib.error.HTTPError as e:
         try:

@@ -78,9 +78,21 @@ def b64(s):
     return base64.b64encode(s.encode()).decode()
 
 
+def tls_context(env):
+    """With m3_internal_tls the env file names the CA and this process's client certificate and key
+    (M3_ETCD_CA_FILE / M3_ETCD_CERT_FILE / M3_ETCD_KEY_FILE): etcd's client port refuses a client without one."""
+    import ssl
+
+    if not env.get("M3_ETCD_CA_FILE"):
+        return None
+    ctx = ssl.create_default_context(cafile=env["M3_ETCD_CA_FILE"])
+    ctx.load_cert_chain(env["M3_ETCD_CERT_FILE"], env["M3_ETCD_KEY_FILE"])
+    return ctx
+
+
 class Etcd:
-    def __init__(self, url, user, password):
-        self.url, self.token = url.rstrip("/"), None
+    def __init__(self, url, user, password, context=None):
+        self.url, self.token, self.context = url.rstrip("/"), None, context
         if user:
             self.token = self.call("auth/authenticate", {"name": user, "password": password})["token"]
 
@@ -90,7 +102,7 @@ class Etcd:
         if self.token:
             req.add_header("Authorization", self.token)
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=self.context) as r:
                 return json.loads(r.read() or b"{}")
         except urllib.error.HTTPError as e:  # etcd's own message, never the request (it holds the password)
             raise OSError(f"{path}: HTTP {e.code} {e.read().decode(errors='replace')[:200]}") from None
@@ -123,7 +135,10 @@ def main():
     errors = []
     for url in endpoints:
         try:
-            etcd = Etcd(url, env.get("ETCD_AUTH_USERNAME", ""), env.get("ETCD_AUTH_PASSWORD", ""))
+            # with m3_internal_tls the login is M3_ETCD_USER / M3_ETCD_PASSWORD (Dynamo logs in by certificate)
+            user = env.get("ETCD_AUTH_USERNAME") or env.get("M3_ETCD_USER", "")
+            password = env.get("ETCD_AUTH_PASSWORD") or env.get("M3_ETCD_PASSWORD", "")
+            etcd = Etcd(url, user, password, tls_context(env))
             dead = dead_records(etcd, host, listening_ports())
             for lease in dict.fromkeys(lease for lease, _, _ in dead):
                 etcd.call("lease/revoke", {"ID": lease})

@@ -60,6 +60,8 @@ def deploy_etcd():
             changed += _jwt_keys(cp, key, pub)
         if hostfiles.etcd_auth(s):  # the first member only
             changed.append(u.ship(hostfiles.auth_script(), name=f"Ship {AUTH_SCRIPT}"))
+        # m3_internal_tls: its certificate, key and the cluster CA (0600 etcd); a change restarts it
+        changed += [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
         unit_op, env_op = u.install_service(cp, s)
         started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *changed))
         u.wait_ready(s, started)

@@ -8,6 +8,7 @@ Needs deploy_artifacts() first (venv) and etcd/NATS ready.
 """
 from pyinfra.api import deploy
 
+from m3deploy.core import internal_tls
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.hostfiles import WATCHDOG
 from roles import _units as u
@@ -21,11 +22,15 @@ def deploy_frontend():
         if not s.image:
             u.ensure_m3_user()
         u.ensure_workdir(s, hostfiles.service_user(s))
+        # m3_internal_tls: its client certificate for etcd and NATS (0600 m3); a change restarts it
+        certs = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
+        if internal_tls.launcher(s):  # ExecStart starts with it (files/m3-tls-env)
+            certs.append(u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}"))
         unit_op, env_op = u.install_service(cp, s)
         if any(x.kind == "edge" for h in cp.hosts for x in h.services):  # drained at the edge (roles/edge.py)
-            started = restart_frontend(cp, s, unit_op, u.changes(s, unit_op, env_op))
+            started = restart_frontend(cp, s, unit_op, u.changes(s, unit_op, env_op, *certs))
         else:
-            started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op))
+            started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *certs))
         u.wait_ready(s, started)
         if hostfiles.has_watchdog(s):
             _watchdog(cp, s)

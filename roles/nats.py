@@ -28,7 +28,9 @@ def deploy_nats():
         # the package's unit masked BEFORE installing, so its postinst cannot start it on 0.0.0.0:4222
         u.install("nats-server", mask=hostfiles.nats_mask())
         u.ensure_workdir(s, USER)
+        # m3_internal_tls: its certificate, key and the cluster CA (0600 nats), before the conf that names them
+        certs = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
         conf_op = u.ship(conf)
         unit_op, env_op = u.install_service(cp, s)
-        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, conf_op))
+        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, conf_op, *certs))
         u.wait_ready(s, started)

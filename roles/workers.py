@@ -17,6 +17,7 @@ from pyinfra.operations import python
 
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
+from m3deploy.core import internal_tls
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import hostfiles
 from roles import _rollout
@@ -41,6 +42,8 @@ def deploy_workers():
     sim = []
     if any(hostfiles.uses_sim_engine(s) for s in workers):  # native mocker/scripted engines (core.simengine); in a
         sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))  # container the stand-in image holds it
+    if any(internal_tls.launcher(s) for s in workers):  # m3_internal_tls: ExecStart starts with it
+        sim.append(u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}"))
     if any(hostfiles.unregisters_dead(s) for s in workers):  # read by the units' ExecStopPost: no restart on change
         u.ship(hostfiles.unregister_script(), name=f"Ship {hostfiles.UNREGISTER_DEAD}")
     for s in workers:

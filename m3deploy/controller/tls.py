@@ -19,10 +19,12 @@ from pathlib import Path
 
 from m3deploy.controller import secrets as store
 from m3deploy.controller.cachelock import locked
+from m3deploy.core import internal_tls
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import is_ip
 
 CA_KEY, CA_CERT, EDGE_KEY, EDGE_CERT = "cluster-ca-key", "cluster-ca-cert", "edge-tls-key", "edge-tls-cert"
+CA_REF = CA_CERT  # m3deploy.core.internal_tls.CA_REF: the TLS files' name of the CA's certificate
 
 
 def _settings(plan) -> dict:
@@ -53,13 +55,13 @@ def _pem_cert(cert) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def _cert(subject: str, key, issuer_name, issuer_key, days: int, ca: bool, sans=()):
+def _cert(subject: str, key, issuer_name, issuer_key, days: int, ca: bool, sans=(), usage=("server",)):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)] if subject else [])
     b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name).public_key(key.public_key())
          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
          .not_valid_after(now + datetime.timedelta(days=days))
@@ -71,7 +73,9 @@ def _cert(subject: str, key, issuer_name, issuer_key, days: int, ca: bool, sans=
     else:
         alt = [x509.IPAddress(ipaddress.ip_address(a)) if is_ip(a) else x509.DNSName(a) for a in sans]
         b = (b.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False))
+             .add_extension(x509.ExtendedKeyUsage([{"server": ExtendedKeyUsageOID.SERVER_AUTH,
+                                                    "client": ExtendedKeyUsageOID.CLIENT_AUTH}[u] for u in usage]),
+                            critical=False))
     return b.sign(issuer_key or key, hashes.SHA256())
 
 
@@ -87,8 +91,8 @@ def ensure_cluster_tls(cluster: str, names: list[str]) -> dict[str, str]:
     """The cluster CA and an edge certificate naming exactly `names`, from the store (made when missing or when
     the names changed), under the store's lock. Returns the store."""
     data = store.ensure_secrets(cluster)  # creates the store's directory (0700) and file (0600)
-    if CA_KEY in data and EDGE_CERT in data and _sans(data[EDGE_CERT]) == sorted(names):
-        return data
+    if CA_KEY in data and (not names or EDGE_CERT in data and _sans(data[EDGE_CERT]) == sorted(names)):
+        return data  # (no names: no edge, only the CA, for m3_internal_tls)
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -100,14 +104,14 @@ def ensure_cluster_tls(cluster: str, names: list[str]) -> dict[str, str]:
             data[CA_KEY] = _pem_key(ca_key)
             data[CA_CERT] = _pem_cert(_cert(f"m3deploy cluster CA {cluster}", ca_key, None, None, 3650, True))
             data.pop(EDGE_CERT, None)
-        if EDGE_CERT not in data or _sans(data[EDGE_CERT]) != sorted(names):
+        if names and (EDGE_CERT not in data or _sans(data[EDGE_CERT]) != sorted(names)):
             ca_key = serialization.load_pem_private_key(data[CA_KEY].encode(), password=None)
             ca_name = x509.load_pem_x509_certificate(data[CA_CERT].encode()).subject
             key = _key()
             data[EDGE_KEY] = _pem_key(key)
             data[EDGE_CERT] = _pem_cert(_cert(f"m3deploy edge {cluster}", key, ca_name, ca_key, 730, False,
                                               sorted(names)))
-            store.write_secrets(cluster, data)
+        store.write_secrets(cluster, data)
     return data
 
 
@@ -182,3 +186,59 @@ def trust(plan):
     if ctx is not None:
         urllib.request.install_opener(urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx)))
     return ctx
+
+
+# ------------------------------------------------------------------------- inside the cluster (m3_internal_tls)
+def _wanted(plan) -> dict[str, tuple[str, str]]:
+    """{`host:who`: (the host's address, who)} for every certificate the plan's TLS files name
+    (m3deploy.core.internal_tls: `etcd` and `nats` serve and are clients of their peers, `client` only connects)."""
+    addr = {h.name: h.address for h in plan.hosts}
+    out = {}
+    for h in plan.hosts:
+        for s in h.services:
+            for _, ref in s.secret_files:
+                if ref.startswith("tls-cert:"):
+                    host, who = ref.removeprefix("tls-cert:").rsplit(":", 1)
+                    out[f"{host}:{who}"] = (addr[host], who)
+    return out
+
+
+def _current(data: dict, name: str, address: str) -> bool:
+    from cryptography import x509
+
+    cert = data.get(f"tls-cert:{name}")
+    if not cert or f"tls-key:{name}" not in data:
+        return False
+    want_cn = internal_tls.common_name(name.rsplit(":", 1)[1])
+    if x509.load_pem_x509_certificate(cert.encode()).subject.rfc4514_string() != (f"CN={want_cn}" if want_cn else ""):
+        return False  # made with another subject (etcd's gateway refuses a CommonName; Dynamo logs in by one)
+    issuer = x509.load_pem_x509_certificate(cert.encode()).issuer
+    return _sans(cert) == [address] and issuer == x509.load_pem_x509_certificate(data[CA_CERT].encode()).subject
+
+
+def cluster_certs(plan) -> dict[str, str]:
+    """The cluster CA's certificate and each planned certificate and key of m3_internal_tls, from the store (signed
+    when missing, or when its host's address changed), under the store's lock: {secret ref: PEM}."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    want = _wanted(plan)
+    if not want:
+        return {}
+    data = ensure_cluster_tls(plan.name, edge_names(plan))
+    if not all(_current(data, n, a) for n, (a, _) in want.items()):
+        with locked(store.secrets_path(plan.name), f"the secrets store of {plan.name}"):
+            data = store.load_secrets(plan.name)
+            ca_key = serialization.load_pem_private_key(data[CA_KEY].encode(), password=None)
+            ca_name = x509.load_pem_x509_certificate(data[CA_CERT].encode()).subject
+            for name, (address, who) in want.items():
+                if not _current(data, name, address):
+                    key = _key()
+                    usage = ("server", "client") if who in ("etcd", "nats") else ("client",)
+                    data[f"tls-key:{name}"] = _pem_key(key)
+                    # the subject: the etcd user of a Dynamo client, else none (the address is in the SAN; etcd
+                    # 3.4's JSON gateway refuses a CommonName: m3deploy.core.internal_tls.COMMON_NAME says why)
+                    data[f"tls-cert:{name}"] = _pem_cert(_cert(internal_tls.common_name(who), key, ca_name, ca_key,
+                                                               730, False, [address], usage))
+            store.write_secrets(plan.name, data)
+    return {CA_REF: data[CA_CERT], **{k: data[k] for n in want for k in (f"tls-cert:{n}", f"tls-key:{n}")}}

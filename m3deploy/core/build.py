@@ -5,7 +5,7 @@ recipe layers for each worker rank, and returns frozen dataclasses (m3deploy.cor
 everything first (m3deploy.core.validate) and raises ValidationError listing every problem at once.
 No pyinfra operations, no I/O besides reading the inventory files.
 """
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 (two lines for the core imports: the module is at its line cap)
 
 import hashlib
 import json
@@ -17,7 +17,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, disagg, edge, layout, monitor, mpi, recipes, repos, settings, simengine
+from m3deploy.core import catalog, disagg, edge, internal_tls, layout, monitor, mpi, recipes, repos, settings
+from m3deploy.core import simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
 from m3deploy.core.inventory import InvHost, cluster_name, load_inventory
@@ -160,6 +161,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         endpoint = _frontends(c, control, workers, addr, services)
     else:
         endpoint = _standalone_endpoint(worker_plans, addr, services)
+    internal_tls.apply(services, addr, s)  # m3_internal_tls: etcd and NATS with client certificates
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     model_repos = _model_repos(c, hosts, services)
     host_plans = [_host_plan(c, h, addr[h.name], services[h.name], lay.span) for h in hosts]
@@ -186,7 +188,7 @@ def _common(ref: InvHost, workers: list[InvHost], control: list[InvHost], addr: 
     if s["m3_serving"] == "dynamo" and control:
         # one control host: etcd + NATS on it; 3 (validate.control_count): a 3-member etcd and a 3-node NATS
         # cluster, one member per control host (docs/OPERATIONS.md "HA control plane")
-        etcd_url = ",".join(f"http://{url_host(addr[x.name])}:{ETCD_CLIENT}" for x in control)
+        etcd_url = ",".join(f"{internal_tls.scheme(s)}://{url_host(addr[x.name])}:{ETCD_CLIENT}" for x in control)
         nats_url = nats_seed(addr[control[0].name])
     return _Common(
         s=s, mode=mode, size=size, ep=ep, features=settings.effective_features(s["m3_features"]), model_id=model_id,

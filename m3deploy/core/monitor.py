@@ -216,6 +216,8 @@ def targets(plan: ClusterPlan) -> list[Target]:
         for s in h.services:
             for p in s.ports:
                 job = _JOBS.get((s.kind, p.name))
+                if s.kind == "etcd" and s.port("metrics"):  # m3_internal_tls: the client port wants a certificate
+                    job = "etcd" if p.name == "metrics" else None
                 if job is None and s.kind == "worker" and p.name == "http" and plan.serving == "standalone":
                     job = "engine"  # a standalone engine serves its own /metrics on its HTTP port
                 if job is None or (s.kind == "worker" and s.rank > 0):

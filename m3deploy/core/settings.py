@@ -198,6 +198,9 @@ _KEYS = (
         check="disagg", omit_unset=True),
     Key("m3_disagg_role", str, None, "m3_disagg: the host's pool (else hosts join the pools in rank order, prefill "
         "first)", values=("prefill", "decode")),
+    Key("m3_internal_tls", bool, False, "Dynamo: TLS with client certificates of the cluster CA for etcd (clients "
+        "and peers) and NATS (clients and routes); clients without a certificate are refused "
+        "(m3deploy.core.internal_tls)", True),
     Key("m3_tls_cert_file", str, None, "the edge's certificate chain (PEM, controller path, 0600); default: one "
         "signed by the cluster CA the controller makes (m3deploy.controller.tls)", True),
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),

@@ -178,6 +178,10 @@ def edge_settings(c: Cluster, add: Add) -> None:
                             "m3_edge_frontends", "m3_tls_cert_file", "m3_tls_key_file", "m3_tls_ca_file")},
                            len(c.control)):
         add(p)
+    from m3deploy.core import internal_tls
+
+    for p in internal_tls.problems({k: _v(c.ref, k) for k in ("m3_internal_tls", "m3_serving")}, len(c.control)):
+        add(p)
 
 
 @rule(RULES)

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import monitor
+from m3deploy.core import internal_tls, monitor
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -125,6 +125,8 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
     if s.kind in ("worker", "scripted"):
         extra["unregister_script"] = UNREGISTER_DEAD if unregisters_dead(s) else ""
+    if s.kind in ("frontend", "worker", "scripted"):
+        extra["launch"] = internal_tls.launcher(s)  # m3_internal_tls: files/m3-tls-env exports etcd's PEM text
     if s.kind in monitor.KINDS:
         extra.update(_MONITOR_UNITS[s.kind])
     text = render(TEMPLATES[s.kind], cluster=cp.name, service=s, user=service_user(s),
@@ -145,7 +147,13 @@ def config_files(s: Service, secrets=None) -> list[HostFile]:
                           "not have; run the deploy again so they are generated "
                           "(m3deploy.controller.secrets.ensure_secrets)")
     return out + [HostFile(path, f"<secret: {ref.strip()}>\n" if secrets is None else secret_value(ref, secrets),
-                           mode="0600", secret=True) for path, ref in s.secret_files]
+                           mode="0600", secret=True, user=file_owner(s, ref), group=file_owner(s, ref))
+                  for path, ref in s.secret_files]
+
+
+def file_owner(s: Service, ref: str) -> str:
+    """A secret file is root's, but a TLS file (m3deploy.core.internal_tls) belongs to the user reading it."""
+    return internal_tls.owner(s) if internal_tls.is_tls_ref(ref) else "root"
 
 
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
@@ -156,7 +164,7 @@ def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
                   monitor=_port(s, "monitor"), store_dir=f"{s.workdir}/jetstream",
                   auth=any(k == "NATS_AUTH_PASSWORD" for k, _ in s.secret_env),
                   max_payload=cp.nats.max_payload, routes=routes, cluster_name=cp.nats.cluster_name,
-                  cluster_port=_port(s, "cluster") if routes else None)
+                  cluster_port=_port(s, "cluster") if routes else None, tls=internal_tls.nats_tls(s))
     return HostFile(nats_conf_path(s), text)
 
 
@@ -188,6 +196,11 @@ def auth_script() -> HostFile:
 
 def unregister_script() -> HostFile:
     return project_file("files/m3-unregister-dead.py", UNREGISTER_DEAD)
+
+
+def tls_launcher() -> HostFile:
+    """m3_internal_tls: what a Dynamo client's ExecStart starts with (m3deploy.core.internal_tls.launcher)."""
+    return project_file("files/m3-tls-env", internal_tls.LAUNCHER)
 
 
 def watchdog_script() -> HostFile:
@@ -287,6 +300,8 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
             out.append(sim_engine())  # once, before the first unit that runs it
         if s is next((w for w in hp.services if unregisters_dead(w)), None):
             out.append(unregister_script())  # once, before the first unit that runs it
+        if s is next((w for w in hp.services if internal_tls.launcher(w)), None):
+            out.append(tls_launcher())  # once, before the first unit that runs it
         out += monitor_files(cp, s) if s.kind in monitor.KINDS else []
         out += [*config_files(s, secrets)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
         if has_watchdog(s):

@@ -41,11 +41,13 @@ def testbed():
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for hosts to answer SSH.")
 @click.option("--docker", is_flag=True, help="Hosts that can run dockerd (m3_runtime=docker; fixed once the "
               "testbed exists; docs/TESTBED.md).")
-def up(n, name, subnet, install_deps, timeout, docker):
+@click.option("--net-admin", is_flag=True, help="Hosts with CAP_NET_ADMIN in their network namespace (an address "
+              "added by keepalived or `ip addr add`; fixed once the testbed exists; docs/TESTBED.md).")
+def up(n, name, subnet, install_deps, timeout, docker, net_admin):
     """Bring up (at least) N hosts. Idempotent: again = no change; a larger N adds hosts."""
     try:
         core.up(n, name=name, subnet=subnet, install_deps=install_deps, timeout=timeout,
-                options=("docker",) if docker else (), log=_echo)
+                options=(("docker",) if docker else ()) + (("net-admin",) if net_admin else ()), log=_echo)
     except M3Error as exc:
         _fail(exc)
 

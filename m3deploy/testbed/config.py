@@ -50,7 +50,9 @@ MAX_HOSTS = 200
 # Host options (`up --docker`), fixed once the testbed exists. "docker": a container engine (Debian's docker.io,
 # installed by the deploy's runtime role) can run inside the hosts. Measured on Debian 12 / systemd 252, hybrid
 # cgroups: without each piece dockerd or `docker run` fails (docs/TESTBED.md "Docker inside the hosts").
-HOST_OPTIONS = ("docker",)
+# "net-admin": the hosts get CAP_NET_ADMIN in their own network namespace (nspawn drops it by default, so
+# `ip addr add` answers "Operation not permitted"): what keepalived needs to take a VRRP address (issue 25).
+HOST_OPTIONS = ("docker", "net-admin")
 DOCKER_NSPAWN_ENV = {
     # the host gets its own cgroup v2 tree (delegated by nspawn): runc cannot create cgroups in the v1
     # controllers nspawn mounts read-only ("mkdir /sys/fs/cgroup/cpuset/docker: read-only file system")
@@ -73,6 +75,8 @@ def nspawn_options(options, host_dir: str) -> tuple[list[str], dict[str, str]]:
             f"--bind={os.path.join(host_dir, 'docker')}:/var/lib/docker",
         ]
         env.update(DOCKER_NSPAWN_ENV)
+    elif "net-admin" in options:  # (docker's set has it already)
+        args.append("--capability=CAP_NET_ADMIN")
     return args, env
 
 

@@ -33,7 +33,7 @@ PAIRS = {
     "m3_nats_exporter_port": (7777, 7778), "m3_monitor_scrape_interval_s": (15, 30),
     "m3_prometheus_retention_time": ("15d", "7d"), "m3_prometheus_retention_size": ("10GB", "5GB"),
     "m3_alert_ttft_p99_s": (10, 5), "m3_edge": (False, True), "m3_edge_port": (8443, 9443),
-    "m3_edge_frontends": (2, 1), "m3_tls_cert_file": ("/etc/m3-a/edge.pem", "/etc/m3-b/edge.pem"),
+    "m3_edge_frontends": (2, 1), "m3_internal_tls": (False, True), "m3_tls_cert_file": ("/etc/m3-a/edge.pem", "/etc/m3-b/edge.pem"),
     "m3_tls_key_file": ("/etc/m3-a/edge.key", "/etc/m3-b/edge.key"),
     "m3_tls_ca_file": ("/etc/m3-a/ca.pem", "/etc/m3-b/ca.pem"),
     "m3_disagg": ({}, {"prefill": {"workers": 1}, "decode": {"workers": 1}}),

@@ -98,6 +98,8 @@ def test_docker_host_options_give_nspawn_what_dockerd_needs():
     assert "--bind=/var/lib/m3deploy/testbed/t/hosts/t-01/docker:/var/lib/docker" in args
     assert env == {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
     assert C.nspawn_options((), "/x") == ([], {})
+    # net-admin (a VRRP address on the testbed, tests/e2e/test_testbed_net_admin.py): only the capability
+    assert C.nspawn_options(("net-admin",), "/x") == (["--capability=CAP_NET_ADMIN"], {})
     with pytest.raises(Exception, match="unknown testbed host option"):
         C.check_options(("podman",))
 

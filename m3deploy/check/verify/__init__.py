@@ -46,6 +46,7 @@ from m3deploy.check.checks import (
     instance_services,
     ssh_command,
 )
+from m3deploy.core import internal_tls
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
@@ -89,16 +90,17 @@ def _port_check(h: HostPlan, s: Service, port) -> Callable[[Context], str]:
     return fn
 
 
-def _env_file_check(h: HostPlan, path: str) -> Callable[[Context], str]:
-    """`path` (an env file, or a secret file: an MPI world's SSH keys) is a regular file, 0600 root:root."""
+def _env_file_check(h: HostPlan, path: str, owner: str = "root") -> Callable[[Context], str]:
+    """`path` (an env file, or a secret file: an MPI world's SSH keys) is a regular file, 0600 root:root (a TLS file
+    of m3_internal_tls: 0600 of the user its service runs as, m3deploy.core.internal_tls.owner)."""
     def fn(ctx: Context) -> str:
         r = ctx.run(h.name, f"stat -c '%a %U %G %F' {shlex.quote(path)}")
         if r.rc != 0:
             raise CheckFailed(f"{path}: {(r.stderr or r.stdout).strip()[:200]}")
         mode, user, group, *kind = r.stdout.split()
         ev = f"{path} mode {mode} {user}:{group}"
-        if " ".join(kind) != "regular file" or int(mode, 8) != 0o600 or (user, group) != ("root", "root"):
-            raise CheckFailed(ev + f" ({' '.join(kind)}); want a regular file, mode 600, root:root")
+        if " ".join(kind) != "regular file" or int(mode, 8) != 0o600 or (user, group) != (owner, owner):
+            raise CheckFailed(ev + f" ({' '.join(kind)}); want a regular file, mode 600, {owner}:{owner}")
         return ev
     return fn
 
@@ -252,11 +254,13 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
                     title=f"{s.name} listens on {p.address}:{p.port} ({p.name})", fn=_port_check(h, s, p),
                     reproduce=rep(f"ss -ltnp 'sport = :{p.port}'")))
         for s in h.services:
+            refs = dict(s.secret_files)
             for path in ([s.env_file] if s.env_file else []) + [f for f, _ in s.secret_files]:
+                owner = internal_tls.owner(s) if internal_tls.is_tls_ref(refs.get(path, "")) else "root"
                 out.append(Check(
                     id=f"file/{h.name}/{s.name}" + ("" if path == s.env_file else f"/{posixpath.basename(path)}"),
                     group="file", target=h.name, ssh=True,
-                    title=f"{path} is 0600 root:root", fn=_env_file_check(h, path),
+                    title=f"{path} is 0600 {owner}:{owner}", fn=_env_file_check(h, path, owner),
                     reproduce=rep(f"stat -c '%a %U:%G %n' {path}")))
         if h.weights_dir and h.weights_gb and plan.model_repos:
             folders = " ".join(shlex.quote(str(hfcache.repo_folder(f"{h.weights_dir}/hub", r.repo))) + "/snapshots/*/"
@@ -327,9 +331,11 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     if only_host and only_host not in {h.name for h in plan.hosts}:
         raise M3Error(f"--host {only_host}: no such host in cluster {plan.name} "
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
+    from m3deploy.check.verify.cluster_tls import tls_checks
     from m3deploy.check.verify.edge import edge_checks
 
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host) + edge_checks(plan, inv, only_host)
+    checks += tls_checks(plan, only_host)  # m3_internal_tls: etcd and NATS refuse clients without a certificate
     if not only_host:  # m3_monitor: Prometheus scrapes every target, loads the rules, counts pinned requests
         from m3deploy.check.verify.metrics import metrics_checks
 

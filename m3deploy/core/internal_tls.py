@@ -1,0 +1,157 @@
+"""TLS with client certificates inside the cluster (m3_internal_tls): etcd and NATS, from the cluster CA.
+
+Pure plan data, no I/O. With m3_internal_tls (Dynamo with a control group) the plan
+- serves etcd over https with `--client-cert-auth` and `--peer-client-cert-auth` (Debian's etcd-server 3.4
+  flags, checked in its `--help`): clients and peers must show a certificate of the cluster CA. Its /health moves
+  to a plain-HTTP metrics listener (`--listen-metrics-urls http://IP:2381`: /health and /metrics only, no key
+  space), which the controller's readiness polling and verify read without a certificate;
+- gives each NATS node a `tls { verify: true }` block for clients and one for its routes (nats.conf.j2): a client
+  or route without a certificate of the CA is refused (nats-server 2.9 `--tlsverify`). Its monitor port (8222:
+  /healthz, /varz) stays plain HTTP on the cluster address;
+- gives every Dynamo process (frontend, workers) the CA, a client certificate and its key: NATS_TLS_CA_CERT_PATH /
+  NATS_TLS_CLIENT_CERT_PATH / NATS_TLS_CLIENT_KEY_PATH (paths: dynamo/common/configuration/groups/runtime_args.py
+  `--nats-tls-*` sets the same names) with NATS_SERVER `tls://...` (the runtime refuses TLS settings with a
+  `nats://` URL: "NATS TLS is configured ... but NATS_SERVER does not use the 'tls://' scheme"), and
+  ETCD_AUTH_CA / ETCD_AUTH_CLIENT_CERT / ETCD_AUTH_CLIENT_KEY (names from the strings of the runtime,
+  dynamo/_core.abi3.so), which 1.6.1 reads as PEM *text*: the unit starts the process through LAUNCHER
+  (files/m3-tls-env), which exports the files' text (`launcher`); ETCD_ENDPOINTS become https URLs;
+- writes the files as Service.secret_files (TLS_DIR/<service>.crt, .key, -ca.crt; 0600, owned by the user the
+  service runs as: `owner`): their text comes from the controller's store (m3deploy.controller.tls.cluster_certs),
+  never from the plan. Each host has one certificate per identity (`etcd`, `nats`: server and client, naming the
+  host's address; `client`: the Dynamo processes'), signed by the same cluster CA as the edge's.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from m3deploy.core.inputs import url_host
+from m3deploy.core.model import Port, Service
+
+TLS_DIR = "/etc/m3/tls"
+ETCD_METRICS = 2381  # etcd's plain-HTTP /health and /metrics (no key space) beside its https client port
+CA_REF = "cluster-ca-cert"  # the store's entry (m3deploy.controller.tls.CA_CERT)
+LAUNCHER = "/usr/local/lib/m3/m3-tls-env"  # files/m3-tls-env: exports ETCD_AUTH_* from the files, then execs
+NATS_ENV = {"ca": "NATS_TLS_CA_CERT_PATH", "crt": "NATS_TLS_CLIENT_CERT_PATH", "key": "NATS_TLS_CLIENT_KEY_PATH"}
+ETCD_ENV = ("ETCD_AUTH_CA", "ETCD_AUTH_CLIENT_CERT", "ETCD_AUTH_CLIENT_KEY")  # PEM text, set by LAUNCHER
+# the same files for our own etcd clients (files/m3-unregister-dead.py), as paths
+FILE_ENV = {"ca": "M3_ETCD_CA_FILE", "crt": "M3_ETCD_CERT_FILE", "key": "M3_ETCD_KEY_FILE"}
+# Dynamo 1.6.1 takes ETCD_AUTH_CA/... only without ETCD_AUTH_USERNAME: with a user set it ignores them and the
+# handshake fails ("unknown certificate authority"; tried on this machine). So with TLS a Dynamo client logs in to
+# etcd by its certificate: etcd 3.4 with --client-cert-auth and auth on takes a certificate's CommonName as the user
+# when a request has no token. The `client` certificate names the Dynamo user (core.build.AUTH_USER); our scripts
+# talk to etcd's JSON gateway, which answers 400 to any certificate with a CommonName ("CommonName of client
+# sending a request against gateway will be ignored and not used as expected"): they show a `gateway` one, without
+# CommonName, and log in with the password (files/m3-unregister-dead.py).
+COMMON_NAME = {"client": "m3"}
+ETCD_LOGIN_ENV = {"ETCD_AUTH_USERNAME": "M3_ETCD_USER", "ETCD_AUTH_PASSWORD": "M3_ETCD_PASSWORD"}
+_USERS = {"etcd": "etcd", "nats": "nats"}  # the packages' users (m3deploy.deploy.hostfiles.service_user)
+
+
+def enabled(s: Mapping[str, Any]) -> bool:
+    return bool(s.get("m3_internal_tls")) and s.get("m3_serving") == "dynamo"
+
+
+def scheme(s: Mapping[str, Any]) -> str:
+    """etcd's client URL scheme."""
+    return "https" if enabled(s) else "http"
+
+
+def cert_ref(host: str, who: str) -> str:
+    return f"tls-cert:{host}:{who}"
+
+
+def key_ref(host: str, who: str) -> str:
+    return f"tls-key:{host}:{who}"
+
+
+def is_tls_ref(ref: str) -> bool:
+    return ref == CA_REF or ref.startswith(("tls-cert:", "tls-key:"))
+
+
+def owner(s: Service) -> str:
+    """Who reads a service's TLS files: etcd/NATS their package's user, a container root, a native process m3."""
+    return _USERS.get(s.kind) or ("root" if s.image else "m3")
+
+
+def common_name(who: str) -> str:
+    return COMMON_NAME.get(who, "")
+
+
+def paths(s: Service, who: str = "") -> dict[str, str]:
+    n = f"{s.name}-{who}" if who == "gateway" else s.name
+    return {"ca": f"{TLS_DIR}/{s.name}-ca.crt", "crt": f"{TLS_DIR}/{n}.crt", "key": f"{TLS_DIR}/{n}.key"}
+
+
+def _files(s: Service, who: str) -> tuple[tuple[str, str], ...]:
+    p = paths(s, who)
+    return (((p["ca"], CA_REF),) if who != "gateway" else ()) + (
+        (p["crt"], cert_ref(s.host, who)), (p["key"], key_ref(s.host, who)))
+
+
+def _etcd(s: Service, address: str) -> Service:
+    p, u = paths(s), url_host(address)
+    argv = tuple(a.replace("http://", "https://") for a in s.argv) + (
+        "--cert-file", p["crt"], "--key-file", p["key"], "--trusted-ca-file", p["ca"], "--client-cert-auth",
+        "--peer-cert-file", p["crt"], "--peer-key-file", p["key"], "--peer-trusted-ca-file", p["ca"],
+        "--peer-client-cert-auth", "--listen-metrics-urls", f"http://{u}:{ETCD_METRICS}")
+    env = tuple((k, v.replace("http://", "https://")) for k, v in s.env)
+    if any(k == "M3_ETCD_URL" for k, _ in env):  # the auth script (files/m3-etcd-auth.py) logs in as a client
+        env += (("M3_ETCD_CA", p["ca"]), ("M3_ETCD_CERT", p["crt"]), ("M3_ETCD_KEY", p["key"]))
+    ready = replace(s.readiness, url=f"http://{u}:{ETCD_METRICS}/health") if s.readiness else None
+    return replace(s, argv=argv, env=env, readiness=ready, secret_files=s.secret_files + _files(s, "etcd"),
+                   ports=s.ports + (Port("metrics", ETCD_METRICS, address),))
+
+
+def _dynamo(s: Service) -> Service:
+    p, gw = paths(s), paths(s, "gateway")
+    env = tuple((ETCD_LOGIN_ENV.get(k, k), v.replace("http://", "https://") if k == "ETCD_ENDPOINTS" else
+                 v.replace("nats://", "tls://") if k == "NATS_SERVER" else v) for k, v in s.env)
+    env += tuple((name, p[kind]) for kind, name in NATS_ENV.items())
+    env += tuple((name, gw[kind]) for kind, name in FILE_ENV.items())
+    secret_env = tuple((ETCD_LOGIN_ENV.get(k, k), ref) for k, ref in s.secret_env)
+    docker = (("-v", f"{TLS_DIR}:{TLS_DIR}:ro") + tuple(a for n in ETCD_ENV for a in ("-e", n))) if s.image else ()
+    return replace(s, env=env, secret_env=secret_env, docker_args=s.docker_args + docker,
+                   secret_files=s.secret_files + _files(s, "client") + _files(s, "gateway"))
+
+
+def launcher(s: Service) -> tuple[str, ...]:
+    """What a Dynamo client's ExecStart starts with (LAUNCHER and its three files), or ()."""
+    if not any(ref == cert_ref(s.host, "client") for _, ref in s.secret_files):
+        return ()
+    p = paths(s)
+    return (LAUNCHER, p["ca"], p["crt"], p["key"])
+
+
+def _client(s: Service) -> bool:
+    return any(k == "ETCD_ENDPOINTS" for k, _ in s.env)
+
+
+def apply(services: dict[str, list[Service]], addr: Mapping[str, str], s: Mapping[str, Any]) -> None:
+    """With m3_internal_tls: etcd, NATS and every Dynamo client of them (in place; see the module doc)."""
+    if not enabled(s):
+        return
+    for h, svcs in services.items():
+        for i, x in enumerate(svcs):
+            if x.kind == "etcd":
+                svcs[i] = _etcd(x, addr[h])
+            elif x.kind == "nats":
+                svcs[i] = replace(x, secret_files=x.secret_files + _files(x, "nats"))
+            elif _client(x):
+                svcs[i] = _dynamo(x)
+
+
+def nats_tls(s: Service) -> dict[str, str] | None:
+    """nats.conf's tls blocks (nats.conf.j2), or None without m3_internal_tls."""
+    if not any(ref == cert_ref(s.host, "nats") for _, ref in s.secret_files):
+        return None
+    return paths(s)
+
+
+def problems(s: Mapping[str, Any], n_control: int) -> list[str]:
+    if s.get("m3_internal_tls") and (s.get("m3_serving") != "dynamo" or not n_control):
+        return ["key m3_internal_tls: TLS for etcd and NATS, which run on the control hosts of a Dynamo cluster. "
+                "Fix: m3_serving = 'dynamo' with a control group, or remove m3_internal_tls"]
+    return []
+

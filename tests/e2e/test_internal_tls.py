@@ -1,0 +1,186 @@
+"""End-to-end: TLS inside the cluster (m3_internal_tls, issue 25) on its own testbed.
+
+    python3 -m pytest -p no:cacheprovider -m e2e tests/e2e/test_internal_tls.py
+
+Testbed `m3vp2`, 10.141.0.0/24 (M3_ITLS_TESTBED / M3_ITLS_SUBNET move it): 3 control hosts (a 3-member etcd, a
+3-node NATS cluster, 3 frontends) and 1 mocker worker host, a private controller config (secrets store, cluster CA)
+in a temporary directory, deployed with `--data m3_internal_tls=true` (etcd auth on, the testbed's default).
+1. `m3deploy verify` passes, with tls/etcd/* and tls/nats/* (a client without a certificate refused) and the
+   frontends listing every worker (Dynamo reached etcd and NATS over TLS with its certificate);
+2. from a host: etcd's client and peer ports and NATS's client and route ports refuse a TLS client without a
+   certificate and a plain one; NATS's cluster says tls_required and tls_verify, with every route up;
+3. nothing but sshd listens on a wildcard address, and no private key or password is in a world-readable file;
+4. a killed worker's records are revoked through etcd's TLS port (files/m3-unregister-dead.py with the gateway
+   certificate), and the worker is listed again.
+M3_ITLS_EDGE=1 deploys the edge too (`--data m3_edge=true`: verify then also checks HTTPS with the CA and every
+frontend behind it). M3_E2E_KEEP=1 keeps the testbed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from m3deploy.testbed import core as testbed
+
+pytestmark = pytest.mark.e2e
+
+NAME = os.environ.get("M3_ITLS_TESTBED", "m3vp2")
+EDGE = os.environ.get("M3_ITLS_EDGE") == "1"  # also m3_edge: HAProxy with the cluster CA in front of the frontends
+SUBNET = os.environ.get("M3_ITLS_SUBNET", "10.141.0.0/24")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INVENTORY = "inventories/testbed.py"
+CONFIG = tempfile.mkdtemp(prefix="m3-e2e-itls-config-")
+ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "3", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
+DATA = ("--data", "m3_internal_tls=true") + (("--data", "m3_edge=true") if EDGE else ())
+
+# on a host (python3 is on every host): connect to HOST:PORT, TLS with the CA only (no client certificate), send a
+# request; prints what came back, or the error. A refusal prints REFUSED.
+_ANON = r"""
+import socket, ssl, sys
+host, port, ca, preamble = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+ctx = ssl.create_default_context(cafile=ca)
+try:
+    with socket.create_connection((host, port), timeout=10) as raw:
+        if preamble:
+            raw.recv(4096)
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" if not preamble else b"PING\r\n")
+            s.settimeout(10)
+            got = s.recv(4096)
+    print("ANSWERED" if got else "REFUSED closed", got[:80])
+except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as e:
+    print("REFUSED", type(e).__name__, str(e)[:80])
+"""
+_PLAIN = r"""
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+with socket.create_connection((host, port), timeout=10) as s:
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.settimeout(10)
+    try:
+        got = s.recv(4096)
+    except (ConnectionResetError, TimeoutError):
+        got = b""
+print("ANSWERED 200" if b" 200 " in got.split(b"\r\n", 1)[0] else "NO 200", got[:60])
+"""
+
+
+def _tool(name: str) -> list[str]:
+    exe = shutil.which(name)
+    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
+
+
+def plan():
+    from m3deploy.cli import load_plan
+
+    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3DEPLOY_CONFIG")}
+    os.environ.update({k: ENV[k] for k in old})
+    try:
+        return load_plan(os.path.join(REPO, INVENTORY), data=[d for d in DATA if d != "--data"], facts=False)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def on(host: str, cmd: str, timeout: float = 60) -> str:
+    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
+    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
+    return res.stdout
+
+
+def py(host: str, script: str, *args) -> str:
+    import shlex
+
+    return on(host, "python3 -c " + shlex.quote(script) + " " + " ".join(shlex.quote(str(a)) for a in args))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    testbed.up(4, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
+    try:
+        res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1500, check=False)
+        assert res.returncode == 0, res.stdout[-5000:]
+        assert "PRIVATE KEY" not in res.stdout, "a private key in pyinfra's output"
+        yield plan()
+    finally:
+        if not os.environ.get("M3_E2E_KEEP"):
+            testbed.down(name=NAME, log=lambda *a, **k: None)
+
+
+def _svc(p, kind):
+    return [(h, s) for h in p.hosts for s in h.services if s.kind == kind]
+
+
+def test_verify_passes_with_tls_checks(cluster):
+    res = subprocess.run([*_tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
+                         capture_output=True, timeout=600, check=False)
+    doc = json.loads(res.stdout)
+    bad = [(r["id"], r["evidence"]) for r in doc["results"] if not r["ok"]]
+    assert res.returncode == 0 and doc["ok"], (bad, res.stderr[-2000:])
+    ids = {r["id"] for r in doc["results"]}
+    control = [h.name for h in cluster.hosts if any(s.kind == "etcd" for s in h.services)]
+    assert {f"tls/{k}/{h}" for k in ("etcd", "nats") for h in control} <= ids
+    assert any(i.startswith("instances/") for i in ids) and "smoke/chat" in ids
+
+
+def test_etcd_and_nats_refuse_clients_without_a_certificate(cluster):
+    worker = next(h.name for h in cluster.hosts if any(s.kind == "worker" for s in h.services))
+    ca = f"/etc/m3/tls/{next(s.name for h in cluster.hosts if h.name == worker for s in h.services)}-ca.crt"
+    for h, s in _svc(cluster, "etcd"):
+        for port in ("client", "peer"):
+            p = s.port(port)
+            assert py(worker, _ANON, p.address, p.port, ca, 0).startswith("REFUSED"), (h.name, port)
+            assert "ANSWERED 200" not in py(worker, _PLAIN, p.address, p.port), (h.name, port)
+    for h, s in _svc(cluster, "nats"):
+        for port in ("client", "cluster"):
+            p = s.port(port)
+            assert py(worker, _ANON, p.address, p.port, ca, 1 if port == "client" else 0).startswith("REFUSED"), (
+                h.name, port)
+        m = s.port("monitor")
+        varz = json.loads(py(worker, "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read()"
+                                     ".decode())", f"http://{m.address}:{m.port}/varz"))
+        assert varz["tls_required"] and varz["tls_verify"], varz
+        assert varz["cluster"]["tls_required"] and varz["cluster"]["tls_verify"], varz["cluster"]
+        routez = json.loads(py(worker, "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read()"
+                                       ".decode())", f"http://{m.address}:{m.port}/routez"))
+        assert routez["num_routes"] == len(_svc(cluster, "nats")) - 1, routez  # the routes came up over TLS
+
+
+def test_only_sshd_on_wildcard_and_no_secret_world_readable(cluster):
+    for h in cluster.hosts:
+        wild = [ln for ln in on(h.name, "ss -ltnpH").splitlines()
+                if ln.split()[3].rsplit(":", 1)[0] in ("0.0.0.0", "[::]", "*") and '"sshd"' not in ln]
+        assert not wild, (h.name, wild)
+        # every TLS key 0600; no world-readable file under /etc/m3 holds a private key
+        out = on(h.name, "stat -c '%a %U %n' /etc/m3/tls/*.key; "
+                         "for f in $(find /etc/m3 /usr/local/lib/m3 -type f -perm -o+r); do "
+                         "grep -l 'PRIVATE KEY' \"$f\" || true; done")
+        lines = out.splitlines()
+        assert lines and all(ln.startswith("600 ") for ln in lines if ln.endswith(".key")), (h.name, lines)
+        assert not [ln for ln in lines if not ln.endswith(".key") or not ln.startswith("600 ")], (h.name, lines)
+
+
+def test_a_killed_worker_is_unregistered_through_tls(cluster):
+    h, s = _svc(cluster, "worker")[0]
+    on(h.name, f"systemctl kill -s KILL {s.unit}")
+    deadline, log = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        log = on(h.name, f"journalctl -u {s.unit} --no-pager -o cat -n 200 | grep -a m3-unregister-dead || true")
+        if "revoked lease" in log or "no record" in log:
+            break
+        time.sleep(1)
+    assert "revoked lease" in log or "no record" in log, log
+    assert "not reachable" not in log.splitlines()[-1], log
+    from m3deploy.check import readiness
+
+    fe = _svc(cluster, "frontend")[0][1]
+    port = fe.port("http")
+    readiness.wait_instances(f"http://{port.address}:{port.port}/health", 2, timeout_s=120)
