@@ -1,7 +1,6 @@
 """The local testbed (`m3deploy testbed up N`): simulated hosts, no GPU, Dynamo's mocker engine.
 Same services, ports, env, ordering and readiness as a GPU cluster; only the worker argv differs."""
 
-m3_cluster = "testbed"
 m3_platform = "sim"
 m3_variant = "bf16"
 m3_parallel = "tp1"

@@ -1,6 +1,7 @@
 """pyinfra inventory for the local testbed (`m3deploy testbed up N`).
 
-Reads /var/lib/m3deploy/testbed/<name>/state.json; name from env M3_TESTBED (default "m3tb").
+Reads /var/lib/m3deploy/testbed/<name>/state.json; name from env M3_TESTBED (default "m3tb"), which also names the
+cluster (m3_cluster: the controller keeps its secrets and deploy record in <M3DEPLOY_CONFIG>/<name>/).
 The first M3_TESTBED_CONTROL hosts (default 1) are `control`, the rest `workers`.
 Cluster-wide choices for the testbed (m3_engine="mocker", m3_platform="sim", ...) live in
 group_data/testbed.py, not here. With no testbed up this raises an M3Error naming the fix.
@@ -41,6 +42,9 @@ def _host(h):
         "ssh_strict_host_key_checking": "yes",
         "m3_address": h["address"],
         "m3_interface": "eth0",
+        # one cluster per testbed: its own secrets store and deploy record (<M3DEPLOY_CONFIG>/<testbed name>/),
+        # so two testbeds on one machine never share them
+        "m3_cluster": _name,
         # m3_runtime=docker: the stand-in engine image is built from the hosts' own root filesystem
         **({"m3_sim_image_rootfs": _state["image"]} if _state.get("image") else {}),
     })

@@ -1,5 +1,6 @@
 """End-to-end: a cluster named only by its inventory file (issue 22), as a new user makes one: inventories/testbed.py
-copied to mylab.py, its group_data without the `m3_cluster` line. `pyinfra -y .../mylab.py deploy.py` then
+copied to mylab.py without its `"m3_cluster": _name` line (the testbed names its cluster after itself), with its
+group_data (which names none). `pyinfra -y .../mylab.py deploy.py` then
 `m3deploy verify .../mylab.py` passes with 0 failed, and the controller's secrets store and deploy record are
 `<M3DEPLOY_CONFIG>/mylab/`, not a `cluster` store that every such cluster would share.
 
@@ -44,11 +45,13 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("mylab")
     (root / "inventories" / "group_data").mkdir(parents=True)
     inventory = root / "inventories" / "mylab.py"
-    shutil.copy(REPO / "inventories" / "testbed.py", inventory)
-    text = (REPO / "group_data" / "testbed.py").read_text()
-    assert "m3_cluster" in text
-    (root / "inventories" / "group_data" / "mylab.py").write_text(
-        "".join(line for line in text.splitlines(keepends=True) if not line.startswith("m3_cluster")))
+    text = (REPO / "inventories" / "testbed.py").read_text()
+    assert '"m3_cluster": _name,' in text  # the testbed names its cluster; a user's copy without that line does not
+    inventory.write_text("".join(line for line in text.splitlines(keepends=True)
+                                 if not line.strip().startswith('"m3_cluster"')))
+    group_data = (REPO / "group_data" / "testbed.py").read_text()
+    assert "m3_cluster" not in group_data
+    (root / "inventories" / "group_data" / "mylab.py").write_text(group_data)
     config = root / "config"
     env = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": str(config),
            "PYTHONUNBUFFERED": "1"}

@@ -99,7 +99,7 @@ def main_pids() -> dict[str, str]:
 
 
 def recorded_ids() -> dict[str, str]:
-    with open(f"{CONFIG}/testbed/deployed.json") as f:
+    with open(f"{CONFIG}/{NAME}/deployed.json") as f:
         hosts = json.load(f)["hosts"]
     return {f"{h}/{c}": v["id"] for h in CONTAINERS for c, v in hosts[h]["running"]["containers"].items()}
 

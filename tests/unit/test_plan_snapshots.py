@@ -65,6 +65,7 @@ def _testbed_state(monkeypatch):
     import m3deploy.testbed
 
     monkeypatch.setattr(m3deploy.testbed, "load_state", lambda *a, **k: TESTBED_STATE)
+    monkeypatch.setenv("M3_TESTBED", "m3tb")  # the testbed's name is its cluster's (inventories/testbed.py)
     monkeypatch.chdir(ROOT)
 
 
