@@ -399,14 +399,14 @@ def install_commands(version: str, wheelhouse: str, venv: str, python: str = "py
     """
     reqs = requirements if requirements is not None else []
     wh = shlex.quote(wheelhouse)
-    pip = f"{shlex.quote(venv)}/bin/python -m pip --disable-pip-version-check --no-compile"
+    pip = f"{shlex.quote(venv)}/bin/python -m pip --disable-pip-version-check"
     return [
         f"{shlex.quote(python)} -m venv --without-pip {shlex.quote(venv)}",
         f"{shlex.quote(venv)}/bin/python \"$(ls {wh}/pip-*.whl | head -n1)\"/pip install --quiet "
         f"--disable-pip-version-check --no-compile --no-index --find-links {wh} pip",
-        f"{pip} install --quiet --no-index --find-links {wh} "
+        f"{pip} install --quiet --no-compile --no-index --find-links {wh} "
         + shlex.join([f"ai-dynamo-runtime=={version}", *[r for r in reqs if not r.startswith("ai-dynamo-runtime")]]),
-        f"{pip} install --quiet --no-index --no-deps --find-links {wh} ai-dynamo=={version}",
+        f"{pip} install --quiet --no-compile --no-index --no-deps --find-links {wh} ai-dynamo=={version}",
     ]
 
 

@@ -67,14 +67,16 @@ def bench_testbed():
             pytest.fail(f"{tool} missing: bash scripts/install-deps.sh --bench")
     _testbed("down", "--name", NAME)  # a leftover of an interrupted run
     _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
-    pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-    t0 = time.monotonic()
-    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py"], timeout=1200)
-    assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
-    print(f"deploy: {time.monotonic() - t0:.0f} s")
-    yield NAME
-    if os.environ.get("M3_E2E_KEEP") != "1":
-        _testbed("down", "--name", NAME)
+    try:  # down even when the deploy fails: no testbed is left behind
+        pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
+        t0 = time.monotonic()
+        res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py"], timeout=1200)
+        assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+        print(f"deploy: {time.monotonic() - t0:.0f} s")
+        yield NAME
+    finally:
+        if os.environ.get("M3_E2E_KEEP") != "1":
+            _testbed("down", "--name", NAME)
 
 
 RUNS: dict[str, str] = {}

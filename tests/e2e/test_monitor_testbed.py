@@ -91,14 +91,16 @@ def testbed():
             pytest.fail(f"{tool} missing: bash scripts/install-deps.sh")
     _testbed("down", "--name", NAME)  # a leftover of an interrupted run
     _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
-    pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-    t0 = time.monotonic()
-    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS], timeout=1500)
-    assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
-    print(f"deploy: {time.monotonic() - t0:.0f} s")
-    yield _plan(), time.monotonic()
-    if os.environ.get("M3_E2E_KEEP") != "1":
-        _testbed("down", "--name", NAME)
+    try:  # down even when the deploy fails: no testbed is left behind
+        pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
+        t0 = time.monotonic()
+        res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS], timeout=1500)
+        assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+        print(f"deploy: {time.monotonic() - t0:.0f} s")
+        yield _plan(), time.monotonic()
+    finally:
+        if os.environ.get("M3_E2E_KEEP") != "1":
+            _testbed("down", "--name", NAME)
 
 
 def _prom(plan, path: str, **query):

@@ -226,9 +226,10 @@ def test_apt_install_through_the_proxy(tb):
                           " && tree --version", timeout=300)
     assert "tree v" in res.stdout
     assert ssh("m3e2e-03", "command -v tree", check=False).returncode != 0  # only on 02
-    listen = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+    listen = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
     port = st["apt_proxy"]["url"].rsplit(":", 1)[1]
-    socks = [line.split()[3] for line in listen.splitlines() if line.split()[3].endswith(f":{port}")]
+    ours = f"pid={st['apt_proxy']['pid']},"  # other testbeds' proxies (other e2e lanes) listen on their own bridges
+    socks = [line.split()[3] for line in listen.splitlines() if ours in line]
     assert socks == [f"10.78.0.1:{port}"]  # the bridge address only
 
 

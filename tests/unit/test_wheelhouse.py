@@ -1,4 +1,8 @@
 import hashlib
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +115,43 @@ def test_a_wheel_rewritten_after_its_check_is_hashed_again(tmp_path, monkeypatch
     monkeypatch.setattr(artifacts, "_pip_download", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("rebuild")))
     with pytest.raises(RuntimeError, match="rebuild"):  # the corrupt copy is not used: a rebuild starts
         artifacts.ensure_wheelhouse("9.9.9")
+
+
+def _wheel(directory, name: str, version: str, module: str) -> None:
+    """A minimal pure-Python wheel (PEP 427): one module, METADATA, WHEEL, RECORD."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {f"{module}.py": f"VERSION = {version!r}\n",
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: m3deploy-test\nRoot-Is-Purelib: true\n"
+                                        "Tag: py3-none-any\n"}
+    with zipfile.ZipFile(directory / f"{dist}-py3-none-any.whl", "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+        z.writestr(f"{dist}.dist-info/RECORD", "".join(f"{n},,\n" for n in [*files, f"{dist}.dist-info/RECORD"]))
+
+
+def test_install_commands_build_a_working_venv_offline_with_the_real_pip(tmp_path):
+    """The commands a host runs (roles/artifacts.py), run for real: the distribution's python3 and the pip wheel
+    Debian/Ubuntu ship with python3-venv (/usr/share/python-wheels, what scripts/install-deps.sh installs), on a
+    wheelhouse of stand-in ai-dynamo wheels. pip's own argparse decides whether an option is where it belongs
+    (`--no-compile` is an `install` option: before the subcommand pip refuses it)."""
+    bundled = sorted(Path("/usr/share/python-wheels").glob("pip-*.whl"))
+    if not bundled:
+        pytest.fail("no pip wheel in /usr/share/python-wheels: apt-get install python3-venv "
+                    "(scripts/install-deps.sh does)")
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    shutil.copy(bundled[-1], wh)
+    _wheel(wh, "ai-dynamo-runtime", "1.6.1", "m3_stand_in_runtime")
+    _wheel(wh, "ai-dynamo", "1.6.1", "m3_stand_in_dynamo")
+    venv = tmp_path / "venv"
+    cmds = artifacts.install_commands("1.6.1", str(wh), str(venv), python="/usr/bin/python3",
+                                      requirements=["ai-dynamo-runtime==1.6.1"])
+    for c in cmds:
+        r = subprocess.run(["bash", "-c", c], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, f"{c}\n{r.stdout}{r.stderr}"
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert not list(site.rglob("m3_stand_in_*.pyc"))  # not byte-compiled at install (install_commands' docstring)
+    r = subprocess.run([str(venv / "bin" / "python"), "-B", "-c", "import m3_stand_in_dynamo, m3_stand_in_runtime"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
