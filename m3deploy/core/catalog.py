@@ -41,6 +41,16 @@ def _merge(base: Any, over: Any) -> Any:
     return over
 
 
+# libyaml's parser when PyYAML has it (PyPI's wheels do): the same documents, ~10x faster than the pure-Python one,
+# which was the biggest share of the plan's time on every run (a no-change re-run parses the catalog and layers anew)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(stream) -> Any:
+    """yaml.safe_load with libyaml's parser when there is one."""
+    return yaml.load(stream, Loader=_LOADER)  # a safe loader: plain data only
+
+
 @functools.lru_cache(maxsize=8)
 def _load(name: str, dirs: tuple[Path, ...]) -> dict:
     out: dict = {}
@@ -48,7 +58,7 @@ def _load(name: str, dirs: tuple[Path, ...]) -> dict:
         path = d / name
         if path.exists():
             with open(path) as f:
-                out = _merge(out, yaml.safe_load(f) or {})
+                out = _merge(out, load_yaml(f) or {})
     return out
 
 

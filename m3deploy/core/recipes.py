@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import Provenance
@@ -92,7 +90,7 @@ def _layers(files: tuple[tuple[str, Path], ...]) -> tuple[Layer, ...]:
     out = []
     for rel, path in files:
         with open(path) as f:
-            doc = yaml.safe_load(f) or {}
+            doc = catalog.load_yaml(f) or {}
         for i, raw in enumerate(doc.get("layers", [])):
             unknown = set(raw) - _LAYER_KEYS
             bad_when = set(raw.get("when", {})) - _WHEN_KEYS

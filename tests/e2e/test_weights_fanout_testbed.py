@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,9 @@ MODEL = "MiniMaxAI/MiniMax-M3"  # group_data/testbed.py's model id: the repo the
 FOLDER = "/var/lib/m3/hf/hub/models--MiniMaxAI--MiniMax-M3"
 DATA = {"m3_weights_source": "controller", "m3_mock_repo_mb": 40, "m3_weights_fanout": 1}
 WORKERS = [f"{NAME}-02", f"{NAME}-03", f"{NAME}-04"]
+# Its own controller cache: the mock repo's `refs/main` names one size of MiniMaxAI/MiniMax-M3 at a time, and another
+# e2e module beside this one (scripts/test_lanes.py) stages the same repo id at another m3_mock_repo_mb
+CACHE = tempfile.mkdtemp(prefix="m3-e2e-wfan-cache-")
 
 
 def tb(*args, timeout=300):
@@ -49,7 +54,8 @@ def deploy(config) -> str:
     for k, v in DATA.items():
         args += ["--data", f"{k}={v}"]
     # unbuffered: on a timeout, the output shows which hosts had finished the op that stalled
-    env = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CONFIG": str(config), "PYTHONPATH": str(REPO),
+    env = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CONFIG": str(config), "M3DEPLOY_CACHE": CACHE,
+           "PYTHONPATH": str(REPO),
            "PYTHONUNBUFFERED": "1"}
     try:
         r = subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -75,12 +81,12 @@ def testbed(tmp_path_factory):
     tb("up", "4", "--name", NAME, "--subnet", SUBNET)
     yield tmp_path_factory.mktemp("config")
     tb("down", "--name", NAME)
+    shutil.rmtree(CACHE, ignore_errors=True)
 
 
 def test_stage_over_the_tree_then_rerun_moves_nothing(testbed):
     from m3deploy.check import hfcache
     from m3deploy.controller import mockrepos
-    from m3deploy.controller.artifacts import cache_root
 
     out = deploy(testbed)
     # the schedule, and one op per round on every worker (pyinfra's results table: Hosts = 3)
@@ -91,7 +97,7 @@ def test_stage_over_the_tree_then_rerun_moves_nothing(testbed):
     assert "[m3wfan-04] round 2/2: MiniMaxAI/MiniMax-M3 from m3wfan-02: complete against its index" in out
     assert "[m3wfan-03] round 2/2: MiniMaxAI/MiniMax-M3 from the controller" in out
 
-    local = mockrepos.make_repo(cache_root() / "mock-hf" / "hub", MODEL, size_mb=40, shards=1)
+    local = mockrepos.make_repo(Path(CACHE) / "mock-hf" / "hub", MODEL, size_mb=40, shards=1)
     want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.snapshot.iterdir()}
     for h in WORKERS:
         assert digests(h) == want, h  # bit-identical to the controller's copy, every file of the snapshot
