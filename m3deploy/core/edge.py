@@ -37,7 +37,7 @@ EDGE_RUN = "/run/m3-edge"
 EDGE_SOCKET = f"{EDGE_RUN}/admin.sock"  # the runtime API, root only (mode 600)
 BACKEND = "frontends"
 FRONTEND = "edge"  # haproxy.cfg's frontend section (the VIP's track script asks its status)
-VIP_PORT = "vip"  # the edge's port on m3_vip (bound with `freebind`: held by one control host at a time)
+VIP_PORT = "vip"  # the edge's port on m3_vip (bound with `transparent`: held by one control host at a time)
 TLS_SECRET = "edge-pem"  # the secrets_for() entry holding EDGE_PEM's text (never in the plan)
 KEYS_SECRET = "edge-api-key-hashes"  # the secrets_for() entry holding EDGE_KEYS's text
 

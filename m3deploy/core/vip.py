@@ -6,7 +6,7 @@ with /etc/m3/keepalived.conf (m3deploy.deploy.vipfiles): every control host BACK
 from the control group's order (the first highest), unicast advertisements to the other control hosts (no
 multicast needed; `check_unicast_src`: only theirs are taken), and a track script that puts the instance in FAULT
 (the address released) while the host's edge does not accept connections or has no frontend UP. The edge also
-listens on the address (`freebind`: on every control host, held or not), and the plan's endpoint becomes
+listens on the address (`transparent`: on every control host, held or not), and the plan's endpoint becomes
 `https://<m3_vip>:<m3_edge_port>/v1`: verify, bench, the smoke checks and the deploy's last request use it.
 
 No VRRP authentication: VRRPv2's `auth_type PASS` sends its 8 characters in clear in every advertisement (it

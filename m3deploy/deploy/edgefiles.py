@@ -38,9 +38,10 @@ def keys_required(cp: ClusterPlan) -> bool:
 
 
 def binds(s: Service) -> list[str]:
-    """HAProxy `bind` addresses: the host's, and the cluster's (m3_vip) with `freebind` (IP_FREEBIND: bound while
-    another control host holds the address, so the edge answers the moment keepalived moves it here)."""
-    return [f"{url_host(p.address)}:{p.port}" + (" freebind" if p.name == edge.VIP_PORT else "") for p in s.ports]
+    """HAProxy `bind` addresses: the host's, and the cluster's (m3_vip) with `transparent` (IP_TRANSPARENT: bound
+    while another control host holds the address, so the edge answers the moment keepalived moves it here; HAProxy
+    2.6, Debian 12's, has no `freebind`; the master binds as root, which has CAP_NET_ADMIN)."""
+    return [f"{url_host(p.address)}:{p.port}" + (" transparent" if p.name == edge.VIP_PORT else "") for p in s.ports]
 
 
 def config(cp: ClusterPlan, s: Service) -> HostFile:

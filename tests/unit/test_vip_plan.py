@@ -57,11 +57,11 @@ def test_without_m3_vip_nothing_changes():
     assert not any(s.kind == "vip" for h in p.hosts for s in h.services)
 
 
-def test_the_edge_listens_on_the_vip_with_freebind_and_its_certificate_names_it():
+def test_the_edge_listens_on_the_vip_with_transparent_and_its_certificate_names_it():
     p = build(hosts(), name="vip3")
     cfg = edgefiles.config(p, p.host("ctl1").service(edge.EDGE_UNIT)).text
     assert "bind 10.0.0.2:8443 ssl crt /etc/m3/edge.pem\n" in cfg
-    assert "bind 10.0.0.200:8443 freebind ssl crt /etc/m3/edge.pem\n" in cfg
+    assert "bind 10.0.0.200:8443 transparent ssl crt /etc/m3/edge.pem\n" in cfg
     assert tls.edge_names(p) == ["10.0.0.1", "10.0.0.2", "10.0.0.200", "10.0.0.3"]
 
 
