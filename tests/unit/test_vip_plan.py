@@ -140,3 +140,43 @@ def test_rendered_keepalived_conf_passes_keepalived_config_test(tmp_path):
     bad = tmp_path / "bad.conf"
     bad.write_text(conf.read_text().replace("virtual_router_id 200", "virtual_router_id 300"))
     assert check(bad).returncode != 0
+
+
+# `ip -o -4 addr show` on a testbed control host holding the address (iproute2 6.1, Debian 12)
+IP_ADDR = """1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+2: eth0@if41    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth0\\       valid_lft forever preferred_lft forever
+2: eth0@if41    inet 10.0.0.200/24 scope global secondary eth0\\       valid_lft forever preferred_lft forever
+"""
+
+
+def test_ip_addr_fact_finds_the_interface_and_prefix_of_each_address():
+    from m3deploy.facts import parse_ip_addr
+
+    got = parse_ip_addr(IP_ADDR)
+    assert got["10.0.0.2"] == ("eth0", 24) and got["10.0.0.200"] == ("eth0", 24) and got["127.0.0.1"] == ("lo", 8)
+    assert parse_ip_addr("") == {}
+
+
+@pytest.mark.parametrize("held_by,ok", [(["ctl1"], True), ([], False), (["ctl0", "ctl2"], False)])
+def test_verify_vip_holder_wants_exactly_one_control_host(held_by, ok):
+    from types import SimpleNamespace
+
+    from m3deploy.check.checks import CheckFailed
+    from m3deploy.check.verify.edge import _vip_holder, edge_checks
+
+    p = build(hosts(), name="vip3")
+    assert "vip/holder" in [c.id for c in edge_checks(p)]
+    asked = []
+
+    def run(name, command):
+        asked.append(name)
+        out = IP_ADDR if name in held_by else IP_ADDR.replace("10.0.0.200/24", "10.0.0.9/24")
+        return SimpleNamespace(rc=0, stdout=out, stderr="")
+
+    ctx = SimpleNamespace(plan=p, run=run)
+    if ok:
+        assert _vip_holder(ctx).startswith("10.0.0.200 held by ctl1")
+    else:
+        with pytest.raises(CheckFailed, match="exactly one must"):
+            _vip_holder(ctx)
+    assert asked == ["ctl0", "ctl1", "ctl2"]

@@ -22,8 +22,8 @@ from m3deploy.check.checks import Check, CheckFailed, Context, ssh_command
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_keys
 from m3deploy.core import edge, vip
-from m3deploy.facts.parse import parse_ip_addr
 from m3deploy.core.model import ClusterPlan, HostPlan
+from m3deploy.facts.parse import parse_ip_addr
 
 _CLI = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
         "s.sendall(sys.argv[2].encode()+b'\\n'); sys.stdout.write(s.makefile().read())")
