@@ -6,9 +6,9 @@ Ordering and gating only: flags, env and images come from the plan; install step
 
 Order: preflight -> apt's retry setting -> drivers -> container runtime -> the host's manifest
 (/etc/m3/manifest.json: what teardown removes) -> artifacts -> images -> weights -> etcd -> NATS (healthy)
--> frontend (live) -> workers (healthy, rank 0 first) -> frontend lists every worker -> a real request ->
-monitoring (m3_monitor: exporters, Prometheus ready) -> the
-deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
+-> frontend (live) -> edge -> keepalived (m3_vip) -> workers (healthy, rank 0 first) -> the cluster's address
+held by one control host (m3_vip) -> frontend lists every worker -> a real request -> monitoring (m3_monitor:
+exporters, Prometheus ready) -> the deploy record (~/.config/m3deploy/<cluster>/deployed.json: what actually runs).
 pyinfra only orders a host's own ops; ops of hosts with different op lists run side by side (its op DAG
 advances every host's chain together: a tray's worker unit would start while the control host is still
 installing etcd). So `_all_hosts_reach()` adds one op shared by every host (same call site = same op)
@@ -49,6 +49,7 @@ from roles.record import record_deployment  # noqa: E402
 from roles.runtime import deploy_runtime  # noqa: E402
 from roles.serving import verify_serving  # noqa: E402
 from roles.teardown import teardown  # noqa: E402
+from roles.vip import deploy_vip, wait_vip  # noqa: E402
 from roles.weights import deploy_weights  # noqa: E402
 from roles.workers import deploy_workers  # noqa: E402
 
@@ -88,12 +89,15 @@ else:
         deploy_frontend()
     if "edge" in kinds:
         deploy_edge()  # HAProxy in front of the frontends (m3_edge)
+    if "vip" in kinds:
+        deploy_vip()  # keepalived: the cluster's address (m3_vip), on the control hosts
     _all_hosts_reach("control services and GPU hosts ready")
     if "worker" in kinds:
         deploy_workers()
     _all_hosts_reach("worker units written")
     roll_workers()  # one op on one host: restarts the changed workers in turn (roles/_rollout.py)
     _all_hosts_reach("workers started")
+    wait_vip()  # m3_vip: held by exactly one control host (the endpoint's owner asks them), before the endpoint is used
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()
     if kinds & set(MONITOR_KINDS):  # m3_monitor: exporters on every host, Prometheus on the monitor host

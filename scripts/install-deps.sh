@@ -39,9 +39,10 @@ venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 # python3-venv: Debian and Ubuntu ship the venv module's pip (ensurepip) in a package of its own.
 # openssl: the etcd JWT key pair of tests/unit/test_etcd_auth_script.py; rsync: the controller's weights push
 # (m3_weights_source=controller); docker.io: the stand-in engine image and tests/e2e/test_docker_runtime_testbed.py
-# (which runs its own dockerd on a private socket)
+# (which runs its own dockerd on a private socket); keepalived: `keepalived --config-test` of the rendered
+# keepalived.conf in tests/unit/test_vip_plan.py (its package unit does not start: no /etc/keepalived/keepalived.conf)
 pkgs=(python3 python3-venv systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server
-      curl ca-certificates openssl rsync docker.io)
+      curl ca-certificates openssl rsync docker.io keepalived)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

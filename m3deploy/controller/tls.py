@@ -2,8 +2,8 @@
 
 With m3_tls_cert_file + m3_tls_key_file (controller paths, both 0600) the edge serves that chain; our clients
 trust m3_tls_ca_file, else the system's store. Without them the controller makes, once, a cluster CA (EC P-256,
-10 years) and an edge certificate signed by it (2 years) naming every control host's address; the CA's key, the
-edge key and both certificates are kept in the secrets store (m3deploy.controller.secrets, 0600). The edge
+10 years) and an edge certificate signed by it (2 years) naming every control host's address and m3_vip's; the
+CA's key, the edge key and both certificates are kept in the secrets store (m3deploy.controller.secrets, 0600). The edge
 certificate is made again only when the addresses it must name change, so a re-run changes nothing.
 The CA certificate (public) is also written to `<config>/<cluster>/ca.pem`: what clients load (`ca_file`).
 
@@ -32,8 +32,9 @@ def _settings(plan) -> dict:
 
 
 def edge_names(plan) -> list[str]:
-    """What the edge certificate must name: every control host's address (the endpoint is one of them)."""
-    return sorted({h.address for h in plan.hosts if any(s.kind == "edge" for s in h.services)})
+    """What the edge certificate must name: every address an edge listens on (each control host's, and the
+    cluster's own with m3_vip: the endpoint is one of them)."""
+    return sorted({p.address for h in plan.hosts for s in h.services if s.kind == "edge" for p in s.ports})
 
 
 def _key():

@@ -8,7 +8,9 @@ Pure plan data, no I/O. With m3_edge the plan gives each control host
   with TLS on the host's cluster address and m3_edge_port, every frontend of the cluster as a backend (health
   check on each frontend's /health listing a `generate` instance; retries and redispatch on a failed connection);
   its runtime API on a root-only unix socket (EDGE_SOCKET) for the drains (roles/edge.py).
-The plan's endpoint becomes `https://<first control host>:<m3_edge_port>/v1`.
+The plan's endpoint becomes `https://<first control host>:<m3_edge_port>/v1`, or with m3_vip
+`https://<m3_vip>:<m3_edge_port>/v1` (keepalived moves that address between the control hosts: m3deploy.core.vip;
+the edge then also listens on it). This function is the one owner of the endpoint under the edge.
 
 API keys (m3_api_key_file, one per line, every line valid) are checked by the edge: the file on the host
 (EDGE_KEYS, 0600) holds only the SHA-256 of each `Bearer KEY` header, never a key; a request without a matching
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from m3deploy.core import vip
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import Port, Readiness, Service
 
@@ -33,6 +36,8 @@ EDGE_PEM = "/etc/m3/edge.pem"  # certificate chain + private key, as HAProxy's `
 EDGE_RUN = "/run/m3-edge"
 EDGE_SOCKET = f"{EDGE_RUN}/admin.sock"  # the runtime API, root only (mode 600)
 BACKEND = "frontends"
+FRONTEND = "edge"  # haproxy.cfg's frontend section (the VIP's track script asks its status)
+VIP_PORT = "vip"  # the edge's port on m3_vip (bound with `transparent`: held by one control host at a time)
 TLS_SECRET = "edge-pem"  # the secrets_for() entry holding EDGE_PEM's text (never in the plan)
 KEYS_SECRET = "edge-api-key-hashes"  # the secrets_for() entry holding EDGE_KEYS's text
 
@@ -66,11 +71,12 @@ def server_name(s: Service) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{s.host}/{s.name}").replace("/", ":")
 
 
-def edge_service(host: str, address: str, port: int, fronts: list[Service]) -> Service:
+def edge_service(host: str, address: str, port: int, fronts: list[Service], vip: str = "") -> Service:
+    """The edge on `host`: HTTPS on its address, and on the cluster's address (m3_vip) when there is one."""
     return Service(
         name=EDGE_UNIT, kind="edge", host=host,
         argv=("/usr/sbin/haproxy", "-Ws", "-f", EDGE_CONF, "-p", f"{EDGE_RUN}/haproxy.pid"),
-        ports=(Port("https", port, address),),
+        ports=(Port("https", port, address),) + ((Port(VIP_PORT, port, vip),) if vip else ()),
         readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60),
         after=tuple(f"{f.host}/{f.name}" for f in fronts if f.host == host))
 
@@ -88,9 +94,11 @@ def apply(services: dict[str, list[Service]], control: list[str], addr: Mapping[
         at = services[c].index(fe)
         services[c][at:at + 1] = frontends(fe, n)
     fronts = [x for c in control for x in services[c] if x.kind == "frontend"]
+    address = vip.address(s)
     for c in control:
-        services[c].append(edge_service(c, addr[c], port, fronts))
-    return endpoint(addr[control[0]], port)
+        services[c].append(edge_service(c, addr[c], port, fronts, address))
+    vip.apply(services, control, s)  # keepalived on each control host, after its edge
+    return endpoint(address or addr[control[0]], port)
 
 
 def problems(s: Mapping[str, Any], n_control: int) -> list[str]:

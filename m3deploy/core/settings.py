@@ -190,6 +190,11 @@ _KEYS = (
     Key("m3_edge_frontends", int, 2, "with the edge: frontend processes per control host (m3-frontend, "
         "m3-frontend-1, ...; ports from m3_frontend_port): a restart of one is drained while another serves",
         True, range=(1, 8)),
+    Key("m3_vip", str, None, "with the edge and 3 control hosts: one address for the cluster, 'ADDRESS/PREFIX' in "
+        "the control hosts' subnet that no host has; keepalived's VRRP moves it to a control host whose edge is "
+        "healthy, and the endpoint becomes it (m3deploy.core.vip; docs/OPERATIONS.md)", True, omit_unset=True),
+    Key("m3_vip_router_id", int, None, "m3_vip's VRRP router id (1..255), unique on the segment; default the "
+        "address's last octet", True, range=(1, 255), omit_unset=True),
     # disaggregated prefill/decode (m3deploy.core.disagg, docs/DISAGG.md)
     Key("m3_disagg", dict, {}, "Dynamo: prefill and decode pools instead of aggregated workers, e.g. {'prefill': "
         "{'workers': 1, 'parallel': 'tp4'}, 'decode': {'workers': 1, 'parallel': 'tp4'}}; per pool also 'args', "

@@ -178,6 +178,12 @@ def edge_settings(c: Cluster, add: Add) -> None:
                             "m3_edge_frontends", "m3_tls_cert_file", "m3_tls_key_file", "m3_tls_ca_file")},
                            len(c.control)):
         add(p)
+    from m3deploy.core import vip
+
+    for p in vip.problems({k: _v(c.ref, k) for k in ("m3_vip", "m3_vip_router_id", "m3_edge", "m3_serving")},
+                          {h.name: inputs.address_of(h) for h in c.control},
+                          {h.name: inputs.address_of(h) for h in c.hosts}):
+        add(p)
     from m3deploy.core import internal_tls
 
     for p in internal_tls.problems({k: _v(c.ref, k) for k in ("m3_internal_tls", "m3_serving")}, len(c.control)):
@@ -508,7 +514,8 @@ def check_plan(plan, hosts) -> list[str]:
             if port == ssh_port:
                 add(f"host {hp.name}: port {port} of {users[0][1]} ({users[0][2]}) is the host's ssh_port. Fix: "
                     "change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
-            if len(users) > 1:
+            addrs = [a for a, _, _ in users]  # one port on two specific addresses (the edge's own and m3_vip's)
+            if len(users) > 1 and (len(set(addrs)) < len(addrs) or set(addrs) & {"", "0.0.0.0", "::"}):
                 add(f"host {hp.name}: port {port} is used by "
                     + ", ".join(f"{s} ({n})" for _, s, n in users)
                     + ". Fix: change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")

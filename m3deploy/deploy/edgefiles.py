@@ -13,6 +13,7 @@ import re
 
 from m3deploy.core import edge
 from m3deploy.core.errors import M3Error
+from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Service
 from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
 from m3deploy.deploy.render import render
@@ -36,14 +37,20 @@ def keys_required(cp: ClusterPlan) -> bool:
     return bool(dict(cp.settings).get("m3_api_key_file"))
 
 
+def binds(s: Service) -> list[str]:
+    """HAProxy `bind` addresses: the host's, and the cluster's (m3_vip) with `transparent` (IP_TRANSPARENT: bound
+    while another control host holds the address, so the edge answers the moment keepalived moves it here; HAProxy
+    2.6, Debian 12's, has no `freebind`; the master binds as root, which has CAP_NET_ADMIN)."""
+    return [f"{url_host(p.address)}:{p.port}" + (" transparent" if p.name == edge.VIP_PORT else "") for p in s.ports]
+
+
 def config(cp: ClusterPlan, s: Service) -> HostFile:
-    port = next(p for p in s.ports if p.name == "https")
     if not re.fullmatch(r"[A-Za-z0-9._/:@+-]+", cp.served_model_name):
         raise M3Error(f"the edge's health check matches the served model name in /v1/models: "
                       f"{cp.served_model_name!r} holds characters it does not match literally. Fix: "
                       "m3_served_model_name of letters, digits and . _ / : @ + -")
     text = render("haproxy.cfg.j2", cluster=cp.name, socket=edge.EDGE_SOCKET, pem=edge.EDGE_PEM,
-                  keys=edge.EDGE_KEYS, keys_required=keys_required(cp), bind=port.address, port=port.port,
+                  keys=edge.EDGE_KEYS, keys_required=keys_required(cp), frontend=edge.FRONTEND, binds=binds(s),
                   backend=edge.BACKEND, servers=servers(cp), connect_ms=CONNECT_MS, retries=RETRIES,
                   check_ms=CHECK_MS, model=cp.served_model_name)
     return HostFile(edge.EDGE_CONF, text)

@@ -31,7 +31,7 @@ from m3deploy.core.inputs import PORT_RANGE, teardown_path_problem, unbracketed_
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.core.refs import image_problem
 from m3deploy.core.simengine import SIM_ENGINE
-from m3deploy.deploy import edgefiles
+from m3deploy.deploy import edgefiles, vipfiles
 from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
 from m3deploy.deploy.render import render, secret_names, secret_value, service_env
 
@@ -54,7 +54,8 @@ WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restar
 NATS_MASK = f"{UNIT_DIR}/nats-server.service"
 WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
 STAMP = ".m3-wheelhouse"  # in a venv artifacts.py built: the digest of the wheelhouse it came from
-PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy", **monitor.PACKAGES}
+PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy", "vip": "keepalived",
+            **monitor.PACKAGES}
 TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
              "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2",
              **{k: "m3-monitor.service.j2" for k in monitor.KINDS}}
@@ -285,6 +286,9 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
     for s in hp.services:
         if s.kind == "edge":  # HAProxy in front of the frontends (m3deploy.deploy.edgefiles)
             out += edgefiles.edge_files(cp, s, secrets)
+            continue
+        if s.kind == "vip":  # keepalived: the cluster's address (m3deploy.deploy.vipfiles)
+            out += vipfiles.vip_files(cp, s)
             continue
         if s.kind not in TEMPLATES:
             continue

@@ -19,6 +19,7 @@ from m3deploy.facts.parse import (
     parse_docker,
     parse_docker_image,
     parse_dpkg_versions,
+    parse_ip_addr,
     parse_nvidia_query,
     parse_nvlink_status,
     parse_os_release,
@@ -181,6 +182,18 @@ class DefaultRouteInterface(_M3Fact):
     @staticmethod
     def default():
         return ""
+
+
+class AddressInterfaces(_M3Fact):
+    """{IPv4 address: (interface, prefix length)} of the host (`ip -o -4 addr show`): where the cluster address
+    sits, the interface keepalived runs VRRP on (roles/vip.py)."""
+
+    command = staticmethod(lambda: "ip -o -4 addr show 2>/dev/null || true")
+    parser = staticmethod(parse_ip_addr)
+
+    @staticmethod
+    def default():
+        return {}
 
 
 class FreeSpace(_M3Fact):

@@ -238,6 +238,17 @@ def parse_rocm_version(text: str) -> str:
 # Host: network, RDMA, disk, shm, OS, docker, services, reboot
 # --------------------------------------------------------------------------------------------
 
+def parse_ip_addr(text: str) -> dict[str, tuple[str, int]]:
+    """`ip -o -4 addr show` -> {address: (interface, prefix length)}: where each IPv4 address of the host sits."""
+    out: dict[str, tuple[str, int]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "inet" and "/" in parts[3]:
+            a, _, n = parts[3].partition("/")
+            out[a] = (parts[1].split("@", 1)[0], int(n) if n.isdigit() else 32)
+    return out
+
+
 def parse_proc_net_route(text: str) -> str:
     """/proc/net/route -> the interface of the default route with the lowest metric ("" if none)."""
     best: tuple[int, str] | None = None

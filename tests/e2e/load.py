@@ -29,6 +29,14 @@ class Stats:
     details: list[tuple[str, str, str]] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
+    spans: list[tuple[float, float, bool]] = field(default_factory=list)  # (start, end, ok) of every request
+
+    def in_flight(self, t: float) -> int:
+        """Requests sent before `t` (time.monotonic()) and not finished by then."""
+        return sum(1 for a, b, _ in self.spans if a <= t < b)
+
+    def failed_started_after(self, t: float) -> int:
+        return sum(1 for a, _, ok in self.spans if a >= t and not ok)
 
     def summary(self) -> str:
         errs = ", ".join(f"{n}x {e}" for e, n in self.errors.most_common(4))
@@ -72,10 +80,13 @@ class _Runner:
             if i >= self.max_requests:
                 return
             self.stats.sent += 1
+            t0 = time.monotonic()
             try:
                 await asyncio.wait_for(self._one(client, i), self.timeout_s)
                 self.stats.ok += 1
+                self.stats.spans.append((t0, time.monotonic(), True))
             except Exception as e:  # noqa: BLE001 - every failure is counted, by kind
+                self.stats.spans.append((t0, time.monotonic(), False))
                 self.stats.failed += 1
                 self.stats.errors[_reason(e)] += 1
                 self.stats.failures.append((time.monotonic(), _reason(e)))
@@ -130,7 +141,8 @@ def main(argv=None) -> None:
     r.stats.ended = time.monotonic()
     s = r.stats
     print(json.dumps({"sent": s.sent, "ok": s.ok, "failed": s.failed, "errors": dict(s.errors),
-                      "failures": s.failures, "details": s.details, "started": s.started, "ended": s.ended}))
+                      "failures": s.failures, "details": s.details, "started": s.started, "ended": s.ended,
+                      "spans": s.spans}))
 
 
 class Load:
@@ -165,7 +177,8 @@ class Load:
             self.stats = Stats(sent=d["sent"], ok=d["ok"], failed=d["failed"],
                                errors=collections.Counter(d["errors"]),
                                failures=[tuple(f) for f in d["failures"]],
-                               details=[tuple(f) for f in d.get("details", [])], started=d["started"], ended=d["ended"])
+                               details=[tuple(f) for f in d.get("details", [])], started=d["started"], ended=d["ended"],
+                               spans=[tuple(x) for x in d.get("spans", [])])
         return self.stats
 
     def __exit__(self, *exc) -> None:

@@ -12,11 +12,16 @@ in a temporary directory, deployed with `--data m3_internal_tls=true` (etcd auth
 3. nothing but sshd listens on a wildcard address, and no private key or password is in a world-readable file;
 4. a killed worker's records are revoked through etcd's TLS port (files/m3-unregister-dead.py with the gateway
    certificate), and the worker is listed again.
-M3_ITLS_EDGE=1 deploys the edge too (`--data m3_edge=true`: verify then also checks HTTPS with the CA and every
-frontend behind it). M3_E2E_KEEP=1 keeps the testbed.
+5. the cluster's address (m3_vip, keepalived on the 3 control hosts): the testbed is made with `net-admin`, the
+   deploy adds `--data m3_edge=true --data m3_edge_frontends=1 --data m3_vip=<subnet>.200/24`; verify's vip/holder
+   (exactly one control host holds it) and the endpoint's checks at it (HTTPS with the CA) pass; the holder's
+   keepalived stopped: another control host holds it within 10 s, and keeps it when the first one is back
+   (nopreempt). M3_ITLS_VIP=0 leaves the address and the edge out (M3_ITLS_EDGE=1 then deploys the edge alone).
+M3_E2E_KEEP=1 keeps the testbed.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -32,13 +37,17 @@ from m3deploy.testbed import core as testbed
 pytestmark = pytest.mark.e2e
 
 NAME = os.environ.get("M3_ITLS_TESTBED", "m3vp2")
-EDGE = os.environ.get("M3_ITLS_EDGE") == "1"  # also m3_edge: HAProxy with the cluster CA in front of the frontends
+VIP_ON = os.environ.get("M3_ITLS_VIP", "1") == "1"  # m3_vip: keepalived's address in front of the edge
+EDGE = VIP_ON or os.environ.get("M3_ITLS_EDGE") == "1"  # m3_edge: HAProxy with the cluster CA before the frontends
 SUBNET = os.environ.get("M3_ITLS_SUBNET", "10.141.0.0/24")
+VIP = str(ipaddress.ip_network(SUBNET)[200])
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-itls-config-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "3", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
-DATA = ("--data", "m3_internal_tls=true") + (("--data", "m3_edge=true") if EDGE else ())
+DATA = ("--data", "m3_internal_tls=true") + (("--data", "m3_edge=true") if EDGE else ()) + (
+    ("--data", "m3_edge_frontends=1", "--data", f"m3_vip={VIP}/{ipaddress.ip_network(SUBNET).prefixlen}")
+    if VIP_ON else ())
 
 # on a host (python3 is on every host): connect to HOST:PORT, TLS with the CA only (no client certificate), send a
 # request; prints what came back, or the error. A refusal prints REFUSED.
@@ -103,7 +112,7 @@ def py(host: str, script: str, *args) -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    testbed.up(4, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
+    testbed.up(4, name=NAME, subnet=SUBNET, options=("net-admin",) if VIP_ON else (), log=lambda *a, **k: None)
     try:
         res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1500, check=False)
@@ -129,6 +138,9 @@ def test_verify_passes_with_tls_checks(cluster):
     control = [h.name for h in cluster.hosts if any(s.kind == "etcd" for s in h.services)]
     assert {f"tls/{k}/{h}" for k in ("etcd", "nats") for h in control} <= ids
     assert any(i.startswith("instances/") for i in ids) and "smoke/chat" in ids
+    if VIP_ON:
+        assert cluster.endpoint == f"https://{VIP}:8443/v1", cluster.endpoint
+        assert {"vip/holder", "edge/tls"} <= ids, ids
 
 
 def test_etcd_and_nats_refuse_clients_without_a_certificate(cluster):
@@ -184,3 +196,36 @@ def test_a_killed_worker_is_unregistered_through_tls(cluster):
     fe = _svc(cluster, "frontend")[0][1]
     port = fe.port("http")
     readiness.wait_instances(f"http://{port.address}:{port.port}/health", 2, timeout_s=120)
+
+
+def _holders(p) -> list[str]:
+    return [h.name for h in p.group("control") if f" {VIP}/" in on(h.name, "ip -o -4 addr show")]
+
+
+def _wait_holder(p, not_on: str, timeout: float = 10) -> str:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        now = _holders(p)
+        if len(now) == 1 and now[0] != not_on:
+            return now[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{VIP} held by {_holders(p)} {timeout} s after keepalived stopped on {not_on}")
+
+
+@pytest.mark.skipif(not VIP_ON, reason="M3_ITLS_VIP=0: no m3_vip in this run")
+def test_the_address_moves_when_its_holder_stops_and_stays_when_it_is_back(cluster):
+    (first,) = _holders(cluster)
+    on(first, "systemctl stop m3-vip")
+    try:
+        second = _wait_holder(cluster, not_on=first)
+    finally:
+        on(first, "systemctl start m3-vip")
+    ca = os.path.join(ENV["M3DEPLOY_CONFIG"], cluster.name, "ca.pem")
+    import ssl
+    import urllib.request
+
+    with urllib.request.urlopen(cluster.endpoint + "/models", timeout=30,
+                                context=ssl.create_default_context(cafile=ca)) as r:
+        assert r.status == 200  # the address answers HTTPS with the CA, from the host that took it
+    time.sleep(5)  # keepalived on the first host is back (BACKUP) within a few advertisements
+    assert _holders(cluster) == [second]  # nopreempt: the address did not move back

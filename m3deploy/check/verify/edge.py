@@ -6,6 +6,8 @@
 - edge/backends/<host>: every frontend of the cluster is UP in that host's edge (its runtime API, over SSH);
 - edge/files/<host>: the certificate+key and the keys' hashes are 0600 root:root, and no API key is in any file
   of the edge (the config, the hashes) nor in its journal.
+- vip/holder (m3_vip): exactly one control host holds the cluster's address; the checks above and smoke/* go to
+  the endpoint, which is that address: it answers HTTPS with the CA, 401 without a key, 200 with one.
 The keys themselves (401 without one and with a wrong one, 200 with one) are smoke/api-key, through the edge.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Callable
 from m3deploy.check.checks import Check, CheckFailed, Context, ssh_command
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_keys
-from m3deploy.core import edge
+from m3deploy.core import edge, vip
 from m3deploy.core.model import ClusterPlan, HostPlan
+from m3deploy.facts.parse import parse_ip_addr
 
 _CLI = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
         "s.sendall(sys.argv[2].encode()+b'\\n'); sys.stdout.write(s.makefile().read())")
@@ -110,6 +113,23 @@ def _files(h: HostPlan) -> Callable[[Context], str]:
     return fn
 
 
+def _vip_holder(ctx: Context) -> str:
+    """m3_vip: exactly one control host has the address (each one's `ip -o -4 addr show`)."""
+    address = vip.address(dict(ctx.plan.settings))
+    held, asked = [], []
+    for h in ctx.plan.hosts:
+        if any(s.kind == "vip" for s in h.services):
+            r = ctx.run(h.name, "ip -o -4 addr show")
+            if r.rc != 0:
+                raise CheckFailed(f"`ip -o -4 addr show` on {h.name} exited {r.rc}: {(r.stderr or r.stdout)[:200]}")
+            asked.append(h.name)
+            held += [h.name] if address in parse_ip_addr(r.stdout) else []
+    if len(held) != 1:
+        raise CheckFailed(f"{address} is held by {held or 'no control host'} of {asked} (exactly one must). Fix: "
+                          f"`journalctl -u {vip.VIP_UNIT}` on the control hosts (FAULT: the edge is not serving)")
+    return f"{address} held by {held[0]} (of {', '.join(asked)}); the endpoint's checks (edge/tls, smoke/*) use it"
+
+
 def edge_checks(plan: ClusterPlan, inventory: dict | None = None, only_host: str | None = None) -> list[Check]:
     if not plan.endpoint.startswith("https://"):
         return []
@@ -120,6 +140,9 @@ def edge_checks(plan: ClusterPlan, inventory: dict | None = None, only_host: str
               f"curl -sS --cacert {shlex.quote(tls.ca_file(plan) or '')} {shlex.quote(plan.endpoint)}/models"),
         Check("edge/plain-http", "smoke", "frontend", "the edge answers no plain-HTTP request", _plain_http,
               f"curl -sS http://{host}:{port}/v1/models")]
+    if vip.enabled(dict(plan.settings)) and not only_host:
+        out.append(Check("vip/holder", "health", "frontend", "the cluster's address (m3_vip) is held by exactly one "
+                         "control host", _vip_holder, "ip -o -4 addr show  # on each control host", ssh=True))
     for h in plan.hosts:
         if only_host and h.name != only_host or not any(s.kind == "edge" for s in h.services):
             continue
