@@ -69,7 +69,7 @@ def _plan(env: dict):
         return load_plan(os.path.join(d.REPO, d.INVENTORY), facts=False)
     finally:
         for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def _cluster(env: dict) -> d.Cluster:
@@ -264,7 +264,7 @@ def test_a_shrinking_plan_removes_the_leftover_ranks(lab):
     assert "Stop and disable the m3 units" in out
     for h in hosts[1:]:
         assert _workers_on(h) == ["m3-worker@0.service"], _workers_on(h)
-        left = on(h, "ls /etc/m3 /var/lib/m3/rollback 2>/dev/null | grep 'm3-worker@1' || true")
+        left = on(h, "ls /etc/m3 /var/lib/m3 /var/lib/m3/rollback 2>/dev/null | grep 'm3-worker@1' || true")
         assert left.strip() == "", f"{h}: {left}"
         assert on(h, "systemctl show -p LoadState --value m3-worker@1").strip() == "not-found"
         assert "m3-worker@1" not in on(h, "cat /etc/m3/manifest.json")
