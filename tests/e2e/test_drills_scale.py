@@ -233,7 +233,8 @@ def test_prune_drains_and_leaves_nothing(lab):
         assert on(gone, f"getent passwd {user} || true").strip() == "", user
     for pkg in manifest["packages"]:
         assert "install ok installed" not in on(gone, f"dpkg-query -W -f='${{Status}}' {pkg} 2>/dev/null || true")
-    assert on(gone, "pgrep -f dynamo || true").strip() == ""
+    # no Dynamo process left ([d]: the shell running this does not match itself)
+    assert on(gone, "ps -eo args= | grep '[d]ynamo' || true").strip() == ""
 
 
 def _workers_on(h: str) -> list[str]:
