@@ -14,6 +14,10 @@ A host without a manifest (deployed before manifests existed) is torn down by th
 the current plan would have written. Idempotent: the manifest goes last, with /etc/m3; a second run finds none,
 and what the plan names is already gone.
 
+`prune_host` (`m3deploy prune`, prune.py): a host no plan names any more, drained (its worker units stopped one at a
+time) and torn down by its manifest alone; refused when it has none. `remove` is also what roles/manifest.py
+removes a shrinking plan's leftovers with.
+
 Reads (through m3deploy.deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
 m3_keep_caches); host_plan() (services, weights_dir) for a host without a manifest.
 """
