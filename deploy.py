@@ -15,7 +15,8 @@ installing etcd). So `_all_hosts_reach()` adds one op shared by every host (same
 before the workers and before the serving check: nothing after it starts until every host is there.
 
 Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
-(`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights).
+(`--data m3_keep_caches=true` keeps the venv, wheelhouse and weights). A host that the deploy record lists but the
+inventory does not is never touched here (a warning names it): `m3deploy prune` drains and tears it down (prune.py).
 """
 from m3deploy.core.errors import M3Error, ValidationError
 from m3deploy.core.monitor import KINDS as MONITOR_KINDS

@@ -2,7 +2,9 @@
 
 Reads /var/lib/m3deploy/testbed/<name>/state.json; name from env M3_TESTBED (default "m3tb"), which also names the
 cluster (m3_cluster: the controller keeps its secrets and deploy record in <M3DEPLOY_CONFIG>/<name>/).
-The first M3_TESTBED_CONTROL hosts (default 1) are `control`, the rest `workers`.
+The first M3_TESTBED_CONTROL hosts (default 1) are `control`, the rest `workers`. M3_TESTBED_HOSTS (comma-separated
+names, default every host of the testbed) keeps only those: a host left out is out of the inventory, as if deleted
+from a static one (scale in: docs/OPERATIONS.md "Scale in").
 Cluster-wide choices for the testbed (m3_engine="mocker", m3_platform="sim", ...) live in
 group_data/testbed.py, not here. With no testbed up this raises an M3Error naming the fix.
 
@@ -22,6 +24,13 @@ from m3deploy.testbed import load_state as _load_state
 
 _name = _os.environ.get("M3_TESTBED", "m3tb")
 _state = _load_state(_name)
+if _os.environ.get("M3_TESTBED_HOSTS"):
+    _keep = [n.strip() for n in _os.environ["M3_TESTBED_HOSTS"].split(",") if n.strip()]
+    _unknown = sorted(set(_keep) - {h["name"] for h in _state["hosts"]})
+    if _unknown:
+        raise _M3Error(f"M3_TESTBED_HOSTS names {', '.join(_unknown)}, not hosts of testbed {_name!r} "
+                       f"({', '.join(h['name'] for h in _state['hosts'])})")
+    _state = {**_state, "hosts": [h for h in _state["hosts"] if h["name"] in _keep]}
 try:
     _n_control = int(_os.environ.get("M3_TESTBED_CONTROL", "1"))
 except ValueError:

@@ -1,6 +1,7 @@
 """The deploy record: after everything else, each host reports what actually runs (m3deploy.facts.deployed:
 container image ids and digests, driver, CUDA/ROCm, Dynamo, model repo commits) and the controller writes it
-with the plan's services into ~/.config/m3deploy/<cluster>/deployed.json (m3deploy.controller.deployed).
+with the plan's services and how the host is reached (its non-secret ssh_* data, for `m3deploy prune`) into
+~/.config/m3deploy/<cluster>/deployed.json (m3deploy.controller.deployed).
 
 Runs when this run (re)started a service or the record's planned part differs from the plan (or lacks the host),
 so a no-op re-run changes nothing. Reads host_plan() (services, weights_dir), cluster_plan() (name, venv,
@@ -26,7 +27,7 @@ def _record(cp, hp):
     ok, output = host.run_shell_command(cmd)
     if not ok:
         raise M3Error(f"host {hp.name}: the deploy-record probe failed: {output.stderr[-300:]}")
-    path = deployed.write_host(cp, hp, parse_probe(output.stdout))
+    path = deployed.write_host(cp, hp, parse_probe(output.stdout), deployed.connection(host.data))
     host.log(f"recorded in {path}: {deployed.describe_running(deployed.load(cp.name)['hosts'][hp.name])}")
 
 
@@ -36,6 +37,7 @@ def record_deployment():
     if not hp.services and not hp.weights_dir:
         return
     entry = (deployed.load(cp.name).get("hosts") or {}).get(hp.name) or {}
-    stale = entry.get("planned") != deployed.planned(cp, hp)
+    stale = (entry.get("planned") != deployed.planned(cp, hp)
+             or entry.get("connect") != deployed.connection(host.data))  # how `m3deploy prune` reaches it
     python.call(name=f"Record what runs on the host ({deployed.record_path(cp.name)})", function=_record,
                 cp=cp, hp=hp, _if=lambda: stale or _units.started_anything())

@@ -14,6 +14,10 @@ A host without a manifest (deployed before manifests existed) is torn down by th
 the current plan would have written. Idempotent: the manifest goes last, with /etc/m3; a second run finds none,
 and what the plan names is already gone.
 
+`prune_host` (`m3deploy prune`, prune.py): a host no plan names any more, drained (its worker units stopped one at a
+time) and torn down by its manifest alone; refused when it has none. `remove` is also what roles/manifest.py
+removes a shrinking plan's leftovers with.
+
 Reads (through m3deploy.deploy.context): cluster_plan() (venv, model_dir, dynamo_version, settings
 m3_keep_caches); host_plan() (services, weights_dir) for a host without a manifest.
 """
@@ -78,8 +82,32 @@ def host_manifest(cp, hp) -> dict:
 @deploy("Tear down the MiniMax-M3 stack")
 def teardown():
     cp, hp = u.plans()
-    keep = bool(cp.setting("m3_keep_caches"))
-    m = host_manifest(cp, hp)
+    remove(host_manifest(cp, hp), keep=bool(cp.setting("m3_keep_caches")))
+
+
+@deploy("Drain and tear down a pruned host")
+def prune_host():
+    """`m3deploy prune` (prune.py): a host the inventory no longer names, torn down by its own manifest only
+    (no plan names it): its workers drained one at a time first, then everything the manifest names."""
+    text = host.get_fact(DeployManifest)
+    try:
+        if not text.strip():
+            raise M3Error(f"host {host.name}: no {MANIFEST} (deployed before manifests, or torn down already): "
+                          "prune removes only what a manifest names. Fix: put the host back in the inventory and "
+                          "deploy it, or tear it down with the old inventory and --data m3_state=absent")
+        m = hostfiles.read_manifest(text, host.name)
+    except M3Error as e:
+        raise InvalidPlan(f"prune refused, nothing was changed:\n{e}") from None
+    for unit in [x for x in m["units"] if x.startswith("m3-worker")]:
+        server.shell(name=f"Drain {unit} (SIGTERM: it leaves routing, waits its grace period, finishes its requests)",
+                     commands=[f"systemctl stop {shlex.quote(unit)} 2>/dev/null || true"])
+    remove(m, keep=False)
+
+
+def remove(m: dict, keep: bool, final: bool = True):
+    """The operations that remove what a checked manifest `m` names (caches and venvs unless `keep`). `final`: the
+    whole host's manifest (systemd reloaded, /etc/m3 removed last, with the manifest in it); else a part of one
+    (roles/manifest.py: what a shrinking plan left over), and only what it names."""
     # One idempotent command: stop/disable every unit that exists, remove containers.
     cmds = [f"for x in {' '.join(map(shlex.quote, m['units']))}; do systemctl disable --now \"$x\" 2>/dev/null "
             "|| true; done"] if m["units"] else []
@@ -96,7 +124,8 @@ def teardown():
             files.file(name=f"Remove {path}", path=path, present=False)
     for path in m["links"]:
         files.link(name=f"Remove {path}", path=path, present=False)
-    systemd.daemon_reload(name="Reload systemd")
+    if final or m["units"] or m["files"] or m["links"]:
+        systemd.daemon_reload(name="Reload systemd")
     if m["packages"]:
         apt.packages(name=f"Remove {', '.join(m['packages'])}", packages=m["packages"], present=False,
                      extra_uninstall_args="--purge")
@@ -112,4 +141,5 @@ def teardown():
                          commands=[remove_venvs(_safe(root), *others)])
     for user in m["users"]:
         server.user(name=f"Remove system user {user}", user=user, present=False)
-    files.directory(name=f"Remove {ETC_DIR}", path=ETC_DIR, present=False)  # with the manifest in it
+    if final:
+        files.directory(name=f"Remove {ETC_DIR}", path=ETC_DIR, present=False)  # with the manifest in it

@@ -61,7 +61,8 @@ class LazyGroup(click.Group):
             "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images",
             "artifacts": "m3deploy.cli.artifacts:artifacts",
             "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render",
-            "status": "m3deploy.cli.status:status", "dashboards": "m3deploy.cli.status:dashboards"}
+            "status": "m3deploy.cli.status:status",
+            "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

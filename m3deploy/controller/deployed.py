@@ -4,7 +4,9 @@ root), written by the deploy's last role (roles/record.py), read by `m3deploy ve
 
 Per host: "planned" (what the plan asked for: each service's image and full command, the model repos) and
 "running" (what the host reported after the deploy, m3deploy.facts.deployed: the image id and digests each
-container runs, driver, CUDA, ROCm, Dynamo version, each model repo's commit). Hosts write their entries
+container runs, driver, CUDA, ROCm, Dynamo version, each model repo's commit) and "connect" (how pyinfra reached
+it: the non-secret ssh_* data of CONNECT_KEYS, so that `m3deploy prune` can reach a host the inventory no longer
+names; never a password). Hosts write their entries
 concurrently (pyinfra runs hosts in greenlets): one lock, atomic replace.
 """
 from __future__ import annotations
@@ -19,6 +21,11 @@ from m3deploy.controller.secrets import secrets_path
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 VERSION = 1
+# pyinfra's SSH connector data that say how to reach a host (pyinfra/connectors/ssh.py); secrets (ssh_password,
+# ssh_key_password) are never recorded: a host reached only with one is pruned after it is put back in the inventory
+CONNECT_KEYS = ("ssh_hostname", "ssh_port", "ssh_user", "ssh_key", "ssh_known_hosts_file",
+                "ssh_strict_host_key_checking", "ssh_config_file", "ssh_forward_agent", "ssh_allow_agent",
+                "ssh_look_for_keys")
 
 
 def record_path(cluster: str) -> Path:
@@ -30,6 +37,16 @@ def planned(plan: ClusterPlan, hp: HostPlan) -> dict:
             "model_repos": [r.repo for r in plan.model_repos] if hp.weights_dir else []}
 
 
+def connection(data) -> dict:
+    """The CONNECT_KEYS of a host's data (pyinfra's host.data, or a dict) that are set, as JSON values."""
+    out = {}
+    for k in CONNECT_KEYS:
+        v = data.get(k) if hasattr(data, "get") else None
+        if v is not None and isinstance(v, (str, int, bool)):
+            out[k] = v
+    return out
+
+
 def load(cluster: str) -> dict:
     p = record_path(cluster)
     if not p.is_file():
@@ -37,17 +54,33 @@ def load(cluster: str) -> dict:
     return json.loads(p.read_text())
 
 
-def write_host(plan: ClusterPlan, hp: HostPlan, running: dict) -> Path:
+def write_host(plan: ClusterPlan, hp: HostPlan, running: dict, connect: dict | None = None) -> Path:
     p = record_path(plan.name)
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(p, f"the deploy record of {plan.name}"):
         doc = load(plan.name) or {"version": VERSION, "cluster": plan.name, "hosts": {}}
         doc["hosts"][hp.name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "planned": planned(plan, hp), "running": running}
-        tmp = p.with_suffix(f".tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, p)
+                                 "planned": planned(plan, hp), "running": running, "connect": connect or {},
+                                 "address": hp.address}
+        _replace(p, doc)
     return p
+
+
+def forget(cluster: str, names) -> Path:
+    """Drop hosts from the record (`m3deploy prune`, after their teardown)."""
+    p = record_path(cluster)
+    with locked(p, f"the deploy record of {cluster}"):
+        doc = load(cluster)
+        for name in names:
+            (doc.get("hosts") or {}).pop(name, None)
+        _replace(p, doc)
+    return p
+
+
+def _replace(p: Path, doc: dict) -> None:
+    tmp = p.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, p)
 
 
 def diff(plan: ClusterPlan, record: dict) -> list[str]:
@@ -79,7 +112,8 @@ def diff(plan: ClusterPlan, record: dict) -> list[str]:
         for repo in [r for r in want["model_repos"] if r not in (old.get("model_repos") or [])]:
             out.append(f"{hp.name}: + model repo {repo} (staged)")
     for name in hosts.keys() - {h.name for h in plan.hosts}:
-        out.append(f"{name}: in the record but not in the plan (not touched by a deploy; teardown it first)")
+        out.append(f"{name}: in the record but not in the plan (a deploy does not touch it; "
+                   f"`m3deploy prune INVENTORY --host {name}` drains and tears it down)")
     return out
 
 

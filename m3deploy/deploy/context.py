@@ -88,11 +88,22 @@ def cluster_plan() -> ClusterPlan:
             cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             if cached.state != "absent":
                 _prepare_controller(cached)
+            _warn_unmanaged(cached)
             # every host's facts in one round (what the last such run asked), before any host is asked one
             factbatch.install(state, f"{cached.name}/fact-rounds-{cached.state}")
             pyinfra_speed.install()  # pyinfra's per-operation costs that compute nothing (module docstring)
             setattr(state, _CACHE_ATTR, cached)
     return cached
+
+
+def _warn_unmanaged(plan: ClusterPlan) -> None:
+    """The deploy record's hosts that the inventory no longer names are never touched by a deploy: say so, once,
+    with the `m3deploy prune` command that drains and removes them (m3deploy.controller.prune)."""
+    from m3deploy.controller import deployed, prune
+
+    msg = prune.warning(plan, deployed.load(plan.name), inventory_file() or "INVENTORY")
+    if msg:
+        click.echo(f"--> {click.style('m3deploy', 'yellow', bold=True)}: warning: {msg}", err=True)
 
 
 def _prepare_controller(plan: ClusterPlan) -> None:

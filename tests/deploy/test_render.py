@@ -177,3 +177,49 @@ def test_teardown_twice_is_idempotent_by_its_manifest(controller):
     assert first and first == _removed(cluster.run(facts={ctl: EXISTS}).for_host(ctl))
     gone = {File: lambda path: None, Directory: lambda path: None, Link: lambda path: None}
     assert _removed(cluster.run(facts={ctl: gone}).for_host(ctl)) == []  # all gone: nothing to do
+
+
+# ------------------------------------------------------------------------------- a shrinking plan, prune
+
+def test_a_deploy_removes_what_the_previous_manifest_named_and_the_new_one_does_not(controller):
+    """The host's previous manifest names a rank the plan no longer has (m3-worker@7): the deploy stops and
+    disables its unit and removes its files (and their rollback copies) before it writes the new manifest; a host
+    whose manifest is the plan's own gets no removal at all (a no-change re-run stays one)."""
+    cluster = Cluster("gb200")
+    ctl, t1 = cluster.hosts[0].name, cluster.hosts[1].name
+    plan_m = hostfiles.manifest(cluster.plan, cluster.plan.host(t1))
+    extra = ["/etc/m3/m3-worker@7.env", "/etc/systemd/system/m3-worker@7.service"]
+    old = _manifest(cluster, t1, units=[*plan_m["units"], "m3-worker@7.service"], files=[*plan_m["files"], *extra])
+    run = cluster.run(facts={t1: {DeployManifest: old, **EXISTS}, ctl: {DeployManifest: _manifest(cluster, ctl)}})
+    assert run.error is None
+    ops = run.for_host(t1)
+    stop = next(o for o in ops if o.name.endswith("Stop and disable the m3 units"))
+    assert "m3-worker@7.service" in stop.commands[0] and "m3-worker@0.service" not in stop.commands[0]
+    assert set(_removed(ops)) == {*extra, *(f"{hostfiles.ROLLBACK_DIR}/{p.rsplit('/', 1)[1]}" for p in extra)}
+    names = [o.name for o in ops]
+    assert names.index(stop.name) < next(i for i, n in enumerate(names) if hostfiles.MANIFEST in n)
+    assert not any(n.endswith("Stop and disable the m3 units") for n in (o.name for o in run.for_host(ctl)))
+    mine = [o.name for o in run.for_host(ctl) if o.name.startswith("Write the deploy manifest")]
+    assert mine and all(hostfiles.MANIFEST in n or "/etc/m3" in n for n in mine), mine
+
+
+def test_prune_drains_the_workers_then_removes_what_the_manifest_names(controller, fake):
+    from roles.teardown import prune_host
+
+    cluster = Cluster("gb200")
+    t1 = cluster.hosts[1].name
+    text = _manifest(cluster, t1)
+    run = fake(prune_host, facts={DeployManifest: text, **EXISTS})
+    names = [o.name for o in run.ops]
+    drains = [n for n in names if "Drain m3-worker@" in n]
+    assert drains and names.index(drains[-1]) < next(i for i, n in enumerate(names) if "Stop and disable" in n)
+    m = json.loads(text)
+    assert set(_removed(run.ops)) == _paths(m) - {hostfiles.MANIFEST} and _removed(run.ops)[-1] == hostfiles.ETC_DIR
+
+
+def test_prune_refuses_a_host_without_a_manifest(fake):
+    from roles.teardown import prune_host
+
+    with pytest.raises(InvalidPlan) as e:
+        fake(prune_host, facts={DeployManifest: ""})
+    assert "prune refused, nothing was changed" in e.value.message and "no /etc/m3/manifest.json" in e.value.message
