@@ -349,7 +349,18 @@ def activate(unit: str, unit_op, changed_ops, *, restart=None, why: str = "its f
     the edge's drained restart), or with `rolled` only enable it (roles/_rollout.py restarts it in turn, and its
     op counts for started_anything()); `reload` = (why, ops): reload it when only those changed (hitless); else
     make sure it runs. `tracked`: its (re)starts count for started_anything(). Returns a callable: did this run
-    (re)start it? (readiness waits run only then)."""
+    (re)start it? (readiness waits run only then).
+
+    A service none of whose ops will change anything on this host (pyinfra knows at prepare time: an op's commands
+    come from the facts, served by one round, m3deploy.deploy.factbatch) gets only its "make sure it runs" op: the
+    daemon-reload, restart and reload ops would run no command, and pyinfra's cost of a no-change re-run is per
+    operation (benchmarks/results/rerun-*.md)."""
+    reloads = tuple(reload[1]) if reload is not None else ()
+    if not any(op.will_change for op in (unit_op, *changed_ops, *reloads)):
+        op = ensure_started(name=f"Start {unit}", unit=unit)
+        if tracked:
+            track(op)
+        return lambda: _did_change(op)
     systemd.daemon_reload(name=f"Reload systemd (unit {unit} changed)", _if=unit_op.did_change)
     changed = any_changed(*changed_ops)
     ops = []

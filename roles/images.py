@@ -106,6 +106,7 @@ def deploy_images():
     built = {s.image: s for s in hp.services if s.image and s.base_image}
     always = hp.images.pull == "always" and not archive_dir
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
+        _changed.pop((host.name, image), None)  # only this run's op counts (several runs in one process: tests)
         pull = always and "@sha256:" not in image and image not in built
         have = host.get_fact(F.DockerImage, image=image)
         if archive_dir and have["present"] and image not in built:  # the archive may hold a moved tag

@@ -22,14 +22,14 @@ from roles.teardown import DeployManifest, remove
 @deploy("Write the deploy manifest")
 def write_manifest():
     cp, hp = u.plans()
+    new = hostfiles.manifest(cp, hp)
     text = host.get_fact(DeployManifest)
     if text.strip():
         try:
-            gone = shrink.leftovers(hostfiles.read_manifest(text, hp.name),
-                                    hostfiles.checked_manifest(hostfiles.manifest(cp, hp), hp.name))
+            gone = shrink.leftovers(hostfiles.read_manifest(text, hp.name), hostfiles.checked_manifest(new, hp.name))
         except M3Error as e:
             host.noop(f"the previous manifest is not used, nothing it names is removed: {e}")
             gone = {}
         if any(gone.values()):
             remove(gone, keep=bool(cp.setting("m3_keep_caches")), final=False)
-    u.ship(hostfiles.manifest_file(cp, hp))
+    u.ship(hostfiles.manifest_file(cp, hp, new))

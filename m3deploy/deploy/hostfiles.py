@@ -361,8 +361,9 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
             "users": users}
 
 
-def manifest_file(cp: ClusterPlan, hp: HostPlan) -> HostFile:
-    return HostFile(MANIFEST, json.dumps(manifest(cp, hp), indent=2) + "\n")
+def manifest_file(cp: ClusterPlan, hp: HostPlan, doc: dict | None = None) -> HostFile:
+    """The manifest as the host's file; `doc`: manifest(cp, hp) when the caller has it (it renders every file)."""
+    return HostFile(MANIFEST, json.dumps(manifest(cp, hp) if doc is None else doc, indent=2) + "\n")
 
 
 def read_manifest(text: str, host: str) -> dict:

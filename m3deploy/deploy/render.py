@@ -95,8 +95,11 @@ def container_name(service: Service) -> str:
 @functools.cache
 def environment() -> jinja2.Environment:
     """One environment per process: it keeps each compiled template (and recompiles one whose file changed), so a
-    deploy compiles a template once, not once per host and file."""
+    deploy compiles a template once, not once per host and file; and jinja's own bytecode cache (a 0700 directory of
+    the user's in the temp dir, keyed by each template's source) keeps the compiled code between runs, so a re-run
+    compiles none."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                             bytecode_cache=jinja2.FileSystemBytecodeCache(),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False, finalize=_one_line)
     env.filters["systemd_argv"] = systemd_argv

@@ -21,6 +21,7 @@ from test_deploy_py import (  # noqa: F401
     controller,
     dynamo_ready,
     op,
+    short,
 )
 
 from m3deploy.controller.secrets import load_secrets, public_pem
@@ -130,3 +131,35 @@ def test_a_unit_left_running_older_files_restarts_on_the_rerun(ha):
     check = op(run.for_host(w), "Check m3-worker@0.service runs its current files")
     assert check.commands and "restarting it" in check.commands[0]
     assert not [o for o in changing(run.for_host(cluster.groups["control"][0])) if o.name.startswith("Deploy etcd | Check")]
+
+
+def test_a_host_whose_files_are_right_gets_no_restart_or_reload_op(ha):
+    """A no-change re-run: every file of a worker host already right (PathState, the one fact put_text asks) ->
+    its services get only "Start <unit>" (roles/_units.activate): no daemon-reload, restart or enable op is made,
+    since none would run a command (pyinfra's cost of a re-run is per operation). A changed env file on the same
+    host still makes its restart path."""
+    import hashlib
+
+    from m3deploy import facts as F
+    from m3deploy.deploy import hostfiles
+    from m3deploy.facts.parse import parse_docker_image
+    from roles._units import PathState, _mode, secrets_for
+
+    cluster, first = ha
+    w = cluster.groups["workers"][0]
+    hp = next(h for h in cluster.plan.hosts if h.name == w)
+    sent = {d: t for o in first.for_host(w) for d, t in o.uploads.items()}  # as the first run rendered them (facts)
+    right = {f.path: f"{_mode(f.mode)}:{f.user}:{f.group}:{hashlib.sha256(sent[f.path].encode()).hexdigest()}"
+             for f in hostfiles.host_files(cluster.plan, hp, secrets_for(cluster.plan)) if f.path in sent}
+    image = {F.DockerImage: lambda image: parse_docker_image("sha256:" + "a" * 64 + " ")}  # its engine image there
+    run = cluster.run(facts={w: {PathState: lambda path: right.get(path, "-"), **image}})
+    assert run.error is None, run.error
+    names = [short(o, w) for o in run.for_host(w)]
+    units = [s.unit for s in hp.services if s.kind == "worker"]
+    assert units and all(f"Start {u}" in names for u in units), names
+    assert not [n for n in names if n.startswith(("Reload systemd", "Restart ", "Enable "))], names
+    env = next(f for f in right if f.endswith("m3-worker@0.env"))
+    changed = cluster.run(facts={w: {PathState: lambda path: "600:root:root:" + "0" * 64 if path == env
+                                     else right.get(path, "-"), **image}})
+    names = [short(o, w) for o in changed.for_host(w)]
+    assert "Enable m3-worker@0.service (the rollout restarts it)" in names, names
