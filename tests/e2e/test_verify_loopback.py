@@ -316,10 +316,17 @@ def test_affinity_checks_fail_without_session_affinity(stack):
     readiness.wait_instances(f"http://{CONTROL}:8001/health", 2, timeout_s=60)
     p2 = replace(stack.plan, endpoint=f"http://{CONTROL}:8001/v1")
     checks = [c for c in smoke.smoke_checks(p2) if c.id in ("smoke/session-affinity", "smoke/session-spread")]
-    results = verify.run_checks(checks, verify.Context(p2))
-    assert len(results) == 2
-    # each alone can pass by chance (4 turns on one of 2 workers: p = 1/8); both passing would mean no evidence
-    assert not all(r.ok for r in results), verify.render_text(results)
+    # Either check can pass by chance without affinity (4 turns on one of 2 workers: p = 1/8; the KV router's
+    # prefix overlap also favours the worker that served the last request). With affinity both pass every time
+    # (test_smoke_passes), so the evidence is that they do not both pass in every one of 3 tries here.
+    tries = []
+    for _ in range(3):
+        results = verify.run_checks(checks, verify.Context(p2))
+        assert len(results) == 2
+        tries.append(results)
+        if not all(r.ok for r in results):
+            break
+    assert not all(r.ok for t in tries for r in t), "\n".join(verify.render_text(t) for t in tries)
 
 
 def test_both_session_header_spellings_are_read(stack):
