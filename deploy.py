@@ -19,6 +19,7 @@ Teardown: `pyinfra -y inventories/<cluster>.py deploy.py --data m3_state=absent`
 """
 from m3deploy.core.errors import M3Error, ValidationError
 from m3deploy.core.monitor import KINDS as MONITOR_KINDS
+from m3deploy.core.planner import KINDS as PLANNER_KINDS
 from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
 from roles._failfast import stop_on_unreachable_or_failed_hosts
 
@@ -44,6 +45,7 @@ from roles.images import deploy_images  # noqa: E402
 from roles.manifest import write_manifest  # noqa: E402
 from roles.monitor import deploy_monitor  # noqa: E402
 from roles.nats import deploy_nats  # noqa: E402
+from roles.planner import deploy_planner  # noqa: E402
 from roles.preflight import preflight  # noqa: E402
 from roles.record import record_deployment  # noqa: E402
 from roles.runtime import deploy_runtime  # noqa: E402
@@ -96,6 +98,8 @@ else:
     _all_hosts_reach("workers started")
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()
+    if kinds & set(PLANNER_KINDS):  # m3_planner: the planner, its actuator, the standby agents
+        deploy_planner()
     if kinds & set(MONITOR_KINDS):  # m3_monitor: exporters on every host, Prometheus on the monitor host
         deploy_monitor()
     record_deployment()

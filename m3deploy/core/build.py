@@ -17,7 +17,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, disagg, edge, internal_tls, layout, monitor, mpi, recipes, repos, settings
+from m3deploy.core import (catalog, disagg, edge, internal_tls, layout, monitor, mpi, planner, recipes, repos,
+                           settings)
 from m3deploy.core import simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
@@ -161,6 +162,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         endpoint = _frontends(c, control, workers, addr, services)
     else:
         endpoint = _standalone_endpoint(worker_plans, addr, services)
+    if planner.enabled(s):  # the planner and its actuator; the standby hosts' workers installed, not started
+        worker_plans = planner.apply(services, worker_plans, hosts, addr, s, c.served)
     internal_tls.apply(services, addr, s)  # m3_internal_tls: etcd and NATS with client certificates
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     model_repos = _model_repos(c, hosts, services)

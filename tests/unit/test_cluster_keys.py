@@ -37,6 +37,7 @@ PAIRS = {
     "m3_tls_key_file": ("/etc/m3-a/edge.key", "/etc/m3-b/edge.key"),
     "m3_tls_ca_file": ("/etc/m3-a/ca.pem", "/etc/m3-b/ca.pem"),
     "m3_disagg": ({}, {"prefill": {"workers": 1}, "decode": {"workers": 1}}),
+    "m3_planner": ({}, {"max": 3}),
 }
 BASE = {"m3_platform": "h200"}
 
