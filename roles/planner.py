@@ -17,15 +17,17 @@ from roles import _units as u
 @deploy("Deploy the planner, its actuator and the standby agents")
 def deploy_planner():
     cp, hp = u.plans()
-    for s in [x for x in hp.services if x.kind in planner.KINDS]:
+    svcs = [x for x in hp.services if x.kind in planner.KINDS]
+    # the scripts first, each once (one call site per script: pyinfra orders ops by call site across hosts)
+    scripts = {k: u.ship(hostfiles.project_file(*planner.SCRIPTS[k]), name=f"Ship {planner.SCRIPTS[k][1]}")
+               for k in planner.SCRIPTS if any(x.kind == k for x in svcs)}
+    if any(internal_tls.launcher(x) for x in svcs):
+        scripts["tls"] = u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}")
+    for s in svcs:
         if hostfiles.service_user(s) == hostfiles.M3_USER:
             u.ensure_m3_user()
         u.ensure_workdir(s, hostfiles.service_user(s))
         ops = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
-        if s.kind in planner.SCRIPTS:
-            script = hostfiles.project_file(*planner.SCRIPTS[s.kind])
-            ops.append(u.ship(script, name=f"Ship {script.path}"))
-        if internal_tls.launcher(s):
-            ops.append(u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}"))
+        ops += [op for k, op in scripts.items() if k == s.kind or (k == "tls" and internal_tls.launcher(s))]
         unit_op, env_op = u.install_service(cp, s)
         u.wait_ready(s, u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *ops), tracked=False))

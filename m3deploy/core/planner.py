@@ -46,13 +46,17 @@ FIELDS: dict[str, tuple[Any, Any, str]] = {
     "ttft_ms": ((int, float), 500, "the planner's time-to-first-token target"),
     "itl_ms": ((int, float), 50, "the planner's inter-token-latency target"),
     "interval_s": (int, 10, "the planner's adjustment interval (load_adjustment_interval_seconds)"),
-    "optimization_target": (str, "throughput", "the planner's optimization_target: throughput, latency (static "
-                                               "queue/KV thresholds, no Prometheus) or sla (needs m3_monitor)"),
+    "optimization_target": (str, "throughput", "the planner's optimization_target: throughput, latency (its static "
+                                               "KV thresholds), load (scale_up/down_kv_pct), sla (needs m3_monitor)"),
+    "scale_up_kv_pct": ((int, float), None, "load: a worker's KV use (scheduled + queued, % of its cache) that adds "
+                                            "a worker (decode_scale_up_kv_rate)"),
+    "scale_down_kv_pct": ((int, float), None, "load: every worker below this KV use (%) removes one "
+                                              "(decode_scale_down_kv_rate)"),
     "profile_data": (str, None, "mocker: controller directory holding prefill_raw_data.json and "
                                 "decode_raw_data.json, shipped to every worker as --planner-profile-data (default: "
                                 "m3deploy/core/data/planner-profile, scripts/make-planner-profile.py)"),
 }
-TARGETS = ("throughput", "latency", "sla")
+TARGETS = ("throughput", "latency", "load", "sla")
 PROFILE_DIR = "/etc/m3/planner-profile"  # on worker hosts: the mocker's --planner-profile-data
 PROFILE_FILES = ("prefill_raw_data.json", "decode_raw_data.json")  # dynamo/planner/monitoring/perf_metrics.py
 DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "planner-profile")
@@ -75,12 +79,24 @@ def shape_problem(value: Any) -> str:
             continue
         if isinstance(v, bool) or not isinstance(v, typ):
             return f"{k} = {v!r} is not a {getattr(typ, '__name__', 'number')}. Fix: {k} = {FIELDS[k][1] or 1}"
-        if typ is not str and v < (0 if k in ("min", "cooldown_s") else 1):
-            return f"{k} = {v!r} is out of range. Fix: a number >= {0 if k in ('min', 'cooldown_s') else 1}"
+        low = 0 if k in ("min", "cooldown_s") or k.endswith("_kv_pct") else 1
+        if typ is not str and v < low:
+            return f"{k} = {v!r} is out of range. Fix: a number >= {low}"
+        if k.endswith("_kv_pct") and v > 100:
+            return f"{k} = {v} is above 100 (a percentage of the KV cache). Fix: a number in 0-100"
         if k == "port" and not 1024 <= v <= 65535:
             return f"port = {v} is not a TCP port in 1024-65535. Fix: e.g. port = 9087"
     if value.get("optimization_target") not in (None, *TARGETS):
-        return f"optimization_target = {value['optimization_target']!r} is not one of {', '.join(TARGETS)}"
+        return (f"optimization_target = {value['optimization_target']!r} is not one of {', '.join(TARGETS)}. Fix: "
+                "'throughput' (the default)")
+    load = value.get("optimization_target") == "load"
+    up, down = value.get("scale_up_kv_pct"), value.get("scale_down_kv_pct")
+    if load and (up is None or down is None or up <= down):
+        return ("optimization_target 'load' needs scale_up_kv_pct > scale_down_kv_pct (PlannerConfig's "
+                "decode_scale_up_kv_rate / decode_scale_down_kv_rate). Fix: e.g. 'scale_up_kv_pct': 60, "
+                "'scale_down_kv_pct': 20")
+    if not load and (up is not None or down is not None):
+        return "scale_up_kv_pct / scale_down_kv_pct apply only to optimization_target 'load'. Fix: remove them"
     return ""
 
 
@@ -172,6 +188,9 @@ def planner_config(s: Mapping[str, Any], p: Mapping[str, Any], lo: int, hi: int,
     }
     if backend == "mocker":
         conf["profile_results_dir"] = PROFILE_DIR
+    if p["optimization_target"] == "load":
+        conf.update(decode_scale_up_kv_rate=float(p["scale_up_kv_pct"]),
+                    decode_scale_down_kv_rate=float(p["scale_down_kv_pct"]))
     if p["optimization_target"] == "sla":
         conf.update(throughput_adjustment_interval_seconds=int(p["interval_s"]) * 6,
                     metric_pulling_prometheus_endpoint=prometheus)
