@@ -4,7 +4,7 @@
 Runs on the first control host under systemd (m3-planner-actuator.service), by the host's Dynamo 1.6.1 venv, with
 the cluster's etcd credentials from its 0600 env file (ETCD_ENDPOINTS, ETCD_AUTH_USERNAME/PASSWORD: the Dynamo
 runtime reads them itself). It reads each decision with Dynamo's own client (`dynamo._core.VirtualConnectorClient`:
-`wait()`, `get()` -> PlannerDecision(num_prefill_workers, num_decode_workers, decision_id), `complete()`, which
+`get()` -> PlannerDecision(num_prefill_workers, num_decode_workers, decision_id), `complete()`, which
 writes `v1/<namespace>/planner/scaled_decision_id`; rust/planner.rs of ai-dynamo-runtime 1.6.1) and carries it out:
 - the aggregated pool's target is `num_decode_workers` (the planner's AggPlanner scales the decode role), clamped
   to [min, max]; the always-on workers serve anyway, so `target - always_on` standby hosts must serve;
@@ -16,9 +16,11 @@ writes `v1/<namespace>/planner/scaled_decision_id`; rust/planner.rs of ai-dynamo
 - after each order it waits until the host's workers answer /health (start) or none does (drained and gone), then
   acknowledges the decision; within
   the cool-down after an action it does not act (nor acknowledge: the planner holds new decisions until then);
-- `decision_id` of the last decision it handled is kept in its state file (written atomically): a decision with an
-  id at or below it is stale and is never acted on again, across restarts of the actuator or the planner (the
-  planner reloads decision_id from etcd: rust/planner.rs load_current_state).
+- `decision_id` of the last decision it handled is kept in its state file (written atomically): that decision is
+  never acted on again, across restarts of the actuator. The etcd keys hang on the publishing planner's lease
+  (seen on the testbed: gone when it exits), so a restarted planner starts its ids at 0 again (rust/planner.rs
+  load_current_state finds nothing): since the coordinator's ids only grow and the client only ever sees the latest,
+  an id below the last handled one is a new planner's first decisions and is acted on (logged as such).
 Every decision and action is logged to the journal (stdout), one line each, prefixed `decision` / `action`.
 """
 from __future__ import annotations
@@ -46,11 +48,14 @@ def decide(decision: tuple[int, int], state: dict, conf: dict, now: float) -> tu
     active = int(state.get("active", 0))
     if did < 0 or want < 0:
         return "none", active, "the planner has published no decision yet"
-    if did <= int(state.get("acted_id", -1)):
-        return "stale", active, f"decision {did} is not newer than {state.get('acted_id')}, already handled"
+    acted = int(state.get("acted_id", -1))
+    if did == acted:
+        return "stale", active, f"decision {did} was handled already"
+    restarted = did < acted  # the coordinator's ids only grow; a lower one is a new planner's (see the docstring)
     target = clamp(want, int(conf["min"]), int(conf["max"]))
     n = clamp(target - int(conf["always_on"]), 0, len(conf["standby"]))
-    why = f"planner wants {want}, bounds [{conf['min']}, {conf['max']}] -> {target} workers, {n} standby serving"
+    why = (f"planner wants {want}, bounds [{conf['min']}, {conf['max']}] -> {target} workers, {n} standby serving"
+           + (f" (ids restarted below {acted}: a new planner)" if restarted else ""))
     if n == active:
         return "ack", n, why + " (as now)"
     left = float(conf["cooldown_s"]) - (now - float(state.get("last_action_t", 0)))
@@ -195,10 +200,10 @@ async def run(conf: dict) -> None:
             await client.complete(d)
             log("decision", f"id {d.decision_id}: acknowledged ({state['active'] if 'active' in state else 0} "
                             "standby serving)")
-        try:  # a new decision wakes us; the cool-down's end too
-            await asyncio.wait_for(client.wait(), timeout=5 if verb == "wait" else 60)
-        except asyncio.TimeoutError:
-            pass
+        # poll, not client.wait(): on the testbed (1.6.1) its watch did not wake on the coordinator's puts, and a
+        # timed-out wait() cannot be cancelled (the Rust future ignores it), so it hung the loop; get() is one etcd
+        # range read
+        await asyncio.sleep(float(conf.get("poll_s", 2)))
 
 
 def main(argv=None) -> int:

@@ -53,8 +53,10 @@ FIELDS: dict[str, tuple[Any, Any, str]] = {
     "scale_down_kv_pct": ((int, float), None, "load: every worker below this KV use (%) removes one "
                                               "(decode_scale_down_kv_rate)"),
     "profile_data": (str, None, "mocker: controller directory holding prefill_raw_data.json and "
-                                "decode_raw_data.json, shipped to every worker as --planner-profile-data (default: "
-                                "m3deploy/core/data/planner-profile, scripts/make-planner-profile.py)"),
+                                "decode_raw_data.json, shipped to every worker as --planner-profile-data (the "
+                                "committed one: m3deploy/core/data/planner-profile; unset: the mocker's own timing)"),
+    "planner": (str, "local", "local: Dynamo's planner runs on the first control host; external: only the "
+                              "actuator and agents (the decisions come from a planner run elsewhere)"),
 }
 TARGETS = ("throughput", "latency", "load", "sla")
 PROFILE_DIR = "/etc/m3/planner-profile"  # on worker hosts: the mocker's --planner-profile-data
@@ -86,6 +88,8 @@ def shape_problem(value: Any) -> str:
             return f"{k} = {v} is above 100 (a percentage of the KV cache). Fix: a number in 0-100"
         if k == "port" and not 1024 <= v <= 65535:
             return f"port = {v} is not a TCP port in 1024-65535. Fix: e.g. port = 9087"
+    if value.get("planner") not in (None, "local", "external"):
+        return f"planner = {value['planner']!r} is not 'local' or 'external'. Fix: planner = 'local'"
     if value.get("optimization_target") not in (None, *TARGETS):
         return (f"optimization_target = {value['optimization_target']!r} is not one of {', '.join(TARGETS)}. Fix: "
                 "'throughput' (the default)")
@@ -113,8 +117,8 @@ def bounds(p: Mapping[str, Any], always_on: int, standby: int) -> tuple[int, int
 
 def profile_problem(s: Mapping[str, Any]) -> str:
     """m3_planner.profile_data must hold the two JSON files, each a JSON object ('' when fine)."""
-    d = settings_of(s)["profile_data"] or DEFAULT_PROFILE
-    for f in PROFILE_FILES:
+    d = settings_of(s)["profile_data"]
+    for f in PROFILE_FILES if d else ():
         try:
             with open(os.path.join(d, f)) as fh:
                 if not isinstance(json.load(fh), dict):
@@ -127,9 +131,9 @@ def profile_problem(s: Mapping[str, Any]) -> str:
 
 def profile_files(s: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """(host path, text) of the mocker's profile files (validate checked them: profile_problem)."""
-    d = settings_of(s)["profile_data"] or DEFAULT_PROFILE
+    d = settings_of(s)["profile_data"]
     out = []
-    for f in PROFILE_FILES:
+    for f in PROFILE_FILES if d else ():
         with open(os.path.join(d, f)) as fh:
             out.append((f"{PROFILE_DIR}/{f}", fh.read()))
     return tuple(out)
@@ -186,7 +190,7 @@ def planner_config(s: Mapping[str, Any], p: Mapping[str, Any], lo: int, hi: int,
         "pre_deployment_sweeping_mode": "none", "live_dashboard_port": 0, "control_api_port": 0,
         "metric_reporting_prometheus_port": 0,
     }
-    if backend == "mocker":
+    if backend == "mocker" and p["profile_data"]:
         conf["profile_results_dir"] = PROFILE_DIR
     if p["optimization_target"] == "load":
         conf.update(decode_scale_up_kv_rate=float(p["scale_up_kv_pct"]),
@@ -211,8 +215,8 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
         else None
     prometheus = f"http://{_url_host(addr[mon.name])}:{s['m3_prometheus_port']}" if mon else ""
     standby = [h for h in groups.get(STANDBY_GROUP, []) if h in services]
-    mocker = s.get("m3_engine") == "mocker"
-    prof = profile_files(s) if mocker else ()
+    prof = profile_files(s) if s.get("m3_engine") == "mocker" else ()
+    mocker = bool(prof)
     for h in groups.get("workers", []):  # the mocker's timings from the profile the planner is told about
         services[h] = [replace(x, standby=h in standby, files=x.files + prof,
                                argv=x.argv + (("--planner-profile-data", PROFILE_DIR) if mocker else ()))
@@ -233,7 +237,7 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
         env=env, secret_env=fe.secret_env, readiness=Readiness(kind="process", timeout_s=120),
         after=(f"{ctl}/{fe.name}",), env_file=f"/etc/m3/{PLANNER_UNIT}.env", workdir=f"{home}/{PLANNER_UNIT}",
         files=((PLANNER_CONF, json.dumps(conf, indent=2, sort_keys=True) + "\n"),) + prof)
-    act_home = f"{home}/{ACTUATOR_UNIT}"
+    act_home, fe_after = f"{home}/{ACTUATOR_UNIT}", (f"{ctl}/{fe.name}",)
     hosts = [{"host": h, "address": addr[h], "units": _units_of(services[h]),
               "health": [f"http://{_url_host(addr[h])}:{x.port('system').port}/health"
                          for x in services[h] if x.kind == "worker" and x.port("system")]} for h in standby]
@@ -247,7 +251,7 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
         env_file=f"/etc/m3/{ACTUATOR_UNIT}.env", workdir=act_home,
         ports=(Port("orders", int(p["port"]), addr[ctl]),),
         files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),))
-    services[ctl] += [planner, actuator]
+    services[ctl] += [planner, actuator] if p["planner"] == "local" else [replace(actuator, after=fe_after)]
     orders_url = f"http://{_url_host(addr[ctl])}:{int(p['port'])}/orders"
     for h in hosts:
         agent = {"host": h["host"], "units": [f"{u}.service" for u in h["units"]], "orders": orders_url,

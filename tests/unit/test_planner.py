@@ -124,7 +124,9 @@ def test_the_actuator_knows_bounds_cooldown_and_the_standby_hosts():
 
 
 def test_the_mocker_profile_is_shipped_with_the_keys_the_wheel_reads():
-    plan = _plan()
+    assert not any("--planner-profile-data" in s.argv for h in _plan().hosts for s in h.services)  # opt-in
+    plan = _plan(profile_data=planner.DEFAULT_PROFILE)
+    assert plan_problems(plan) == []
     for h in ("w1", "w3"):
         w = next(s for s in plan.host(h).services if s.kind == "worker")
         i = w.argv.index("--planner-profile-data")
@@ -135,6 +137,14 @@ def test_the_mocker_profile_is_shipped_with_the_keys_the_wheel_reads():
         assert {"prefill_isl", "prefill_ttft"} <= set(pre) and len(pre["prefill_isl"]) == len(pre["prefill_ttft"])
         assert {"x_kv_usage", "y_context_length", "z_itl", "max_kv_tokens"} <= set(dec)
         assert len(dec["x_kv_usage"]) == len(dec["y_context_length"]) == len(dec["z_itl"]) > 0
+
+
+def test_an_external_planner_leaves_only_the_actuator_and_agents():
+    plan = _plan(planner="external")
+    kinds = [s.kind for s in plan.host("c1").services]
+    assert "planner" not in kinds and "actuator" in kinds
+    assert plan.host("c1").service(planner.ACTUATOR_UNIT).after == ("c1/m3-frontend",)
+    assert "standby-agent" in [s.kind for s in plan.host("w3").services]
 
 
 def test_units_render_the_plans_argv():
@@ -161,6 +171,7 @@ def test_units_render_the_plans_argv():
     ({"m3_planner": {"cooldown": 3}}, 3, 1, "unknown key(s) ['cooldown']"),
     ({"m3_planner": {"max": "3"}}, 3, 1, "max = '3' is not a int"),
     ({"m3_planner": {"port": 80}}, 3, 1, "port = 80 is not a TCP port"),
+    ({"m3_planner": {"planner": "remote"}}, 3, 1, "planner = 'remote' is not 'local' or 'external'"),
     ({"m3_planner": {"optimization_target": "fast"}}, 3, 1, "is not one of throughput, latency, load, sla"),
     ({"m3_planner": {"optimization_target": "load", "scale_up_kv_pct": 10}}, 3, 1, "needs scale_up_kv_pct >"),
     ({"m3_planner": {"optimization_target": "load", "scale_up_kv_pct": 5, "scale_down_kv_pct": 9}}, 3, 1,
@@ -210,8 +221,8 @@ CONF = {"min": 1, "max": 3, "always_on": 1, "cooldown_s": 60,
     ((2, 0), {}, 1000, ("scale", 1)),  # 2 workers: 1 always on + 1 standby
     ((9, 1), {"acted_id": 0}, 1000, ("scale", 2)),  # above max 3: clamped to 3 = 1 + both standby
     ((0, 2), {"acted_id": 1, "active": 2, "last_action_t": 0}, 1000, ("scale", 0)),  # below min 1: clamped
-    ((3, 4), {"acted_id": 4, "active": 0}, 1000, ("stale", 0)),  # already handled: never again
-    ((3, 3), {"acted_id": 4, "active": 0}, 1000, ("stale", 0)),  # older than the last handled
+    ((3, 4), {"acted_id": 4, "active": 0}, 1000, ("stale", 0)),  # already handled: never again (actuator restart)
+    ((3, 0), {"acted_id": 4, "active": 0}, 1000, ("scale", 2)),  # ids restarted: a new planner's first decision
     ((2, 5), {"acted_id": 4, "active": 1, "last_action_t": 990}, 1000, ("ack", 1)),  # as now: ack, even in cool-down
     ((3, 5), {"acted_id": 4, "active": 1, "last_action_t": 990}, 1000, ("wait", 2)),  # cool-down: 50 s left
     ((3, 5), {"acted_id": 4, "active": 1, "last_action_t": 939}, 1000, ("scale", 2)),  # cool-down over
