@@ -277,7 +277,7 @@ def _host_plan(c: _Common, h: InvHost, address: str, services: list[Service], sp
     disk_gb = int(catalog.catalog()["variants"][s["m3_variant"]]["disk_gb"])
     return HostPlan(
         name=h.name, address=address,
-        groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP) if g in h.groups),
+        groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP, planner.STANDBY_GROUP) if g in h.groups),
         platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
         gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
         gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,

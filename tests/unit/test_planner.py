@@ -255,3 +255,22 @@ def test_orders_and_the_agents_reading_of_them():
     assert agent.wanted({"hosts": act.orders(CONF["standby"], 2)}, "s2") is True
     for doc in (None, [], {"hosts": []}, {"hosts": {"s2": "yes"}}, {"hosts": {}}):
         assert agent.wanted(doc, "s2") is None  # no valid order: the agent changes nothing
+
+
+def test_verify_expects_a_standby_worker_installed_and_not_enabled():
+    from test_verify_unit import _by_id, _ctx
+
+    from m3deploy.check import verify
+
+    plan = _plan()
+    checks = verify.host_checks(plan) + verify.controller_checks(plan)
+    ids = {c.id for c in checks}
+    assert "unit/w3/m3-worker@0" in ids and "unit/w3/m3-standby-agent" in ids
+    assert not any(i.startswith(("port/w3/m3-worker", "health/w3/m3-worker")) for i in ids)  # not serving: no port
+    assert "port/w1/m3-worker@0/system" in ids  # the always-on worker is checked as before
+    show = "LoadState=loaded\nActiveState={}\nSubState=x\nUnitFileState={}\nNRestarts=0\n"
+    for active, enabled, ok in (("inactive", "disabled", True), ("active", "disabled", True),  # scaled out
+                                ("inactive", "enabled", False)):
+        r = verify.run_check(_by_id(checks, "unit/w3/m3-worker@0"), _ctx(plan, {"w3": {
+            "systemctl show": (0, show.format(active, enabled)), "journalctl": (0, "")}}))
+        assert r.ok is ok, (active, enabled, r.evidence)
