@@ -74,4 +74,3 @@ def deploy_workers():
         python.call(name=f"Wait until the frontend lists this host's {len(heads)} worker(s)",
                     function=_wait_registered, cp=cp, heads=heads, timeout_s=timeout,
                     _if=lambda: any(st() for st in starts))
-
