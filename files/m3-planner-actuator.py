@@ -188,9 +188,9 @@ async def run(conf: dict) -> None:
     while True:
         d = await client.get()
         verb, n, why = decide((d.num_decode_workers, d.decision_id), state, conf, time.time())
-        if verb not in ("none", "stale") or d.decision_id != state.get("logged_id"):
+        if verb == "scale" or [d.decision_id, verb] != state.get("logged"):  # each decision's verdict once
             log("decision", f"id {d.decision_id}: {verb}: {why}")
-            state["logged_id"] = d.decision_id
+            state["logged"] = [d.decision_id, verb]
         if verb == "scale":
             state["active"] = await asyncio.to_thread(carry_out, conf, box, int(state.get("active", 0)), n)
             state["last_action_t"] = time.time()

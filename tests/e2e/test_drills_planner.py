@@ -44,7 +44,7 @@ SUBNET = os.environ.get("M3_PLANNER_SUBNET", "10.160.0.0/24")
 CONFIG = f"/tmp/m3-e2e-{NAME}-config"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3_TESTBED_STANDBY": "1",
        "M3DEPLOY_CONFIG": CONFIG}
-COOLDOWN_S = 20
+COOLDOWN_S = 60  # longer than the step's phases: the scale-in decision comes inside it and waits
 TTFT_TARGET_MS = 500  # m3_planner's ttft_ms default: the planner's target
 SETTING = {"cooldown_s": COOLDOWN_S, "planner": "external", "ttft_ms": TTFT_TARGET_MS}
 DATA = f"m3_planner={json.dumps(SETTING)}"
@@ -216,12 +216,18 @@ def test_scale_out_under_a_3x_step_and_in_with_zero_failed(cluster):
         did_in = pub.decide(1)
         stopped = _wait_journal(control, planner.ACTUATOR_UNIT, since, rf"action: stop {standby} done")
         took = time.monotonic() - t0
+        held = [x for x in _journal(control, planner.ACTUATOR_UNIT, since) if f"id {did_in}: wait:" in x]
         _listed(plan, 1)
         time.sleep(10)
         stats = load.stop()
     _row(f"load back to {BASE} clients, decision {did_in}: 1 worker", stats, _p99_ms(b3, _ttft_buckets(plan)),
-         f"standby drained and stopped {took:.1f} s after the decision ({stopped.split(': ', 1)[1]})")
+         f"{'held by the cool-down' if held else 'NOT held'}, then drained and stopped {took:.1f} s after the decision "
+         f"({stopped.split(': ', 1)[1]})")
     assert stats.failed == 0, f"scale-in failed requests: {stats.summary()}"
+    assert held, "the scale-in decision came inside the cool-down but was not held"
+    t_start = datetime.datetime.fromisoformat(started.split(" ", 1)[0])
+    t_stop = datetime.datetime.fromisoformat(stopped.split(" ", 1)[0])
+    assert (t_stop - t_start).total_seconds() >= COOLDOWN_S - 1, (started, stopped)  # not before the cool-down
     assert d.on(standby, f"systemctl is-active {unit} || true", name=NAME).strip() == "inactive"
     rollout.wait_workers(frontend_url(plan, "/health"), {
         f"{h.name}/{s.name}": metrics_url(h, s) for h in plan.hosts for s in h.services
