@@ -356,9 +356,9 @@ def _semantic(key, value) -> str:
     elif check == "disagg":
         return _disagg_problem(value)
     elif check == "planner":
-        from m3deploy.core import planner
+        from m3deploy.core import planner_settings
 
-        return planner.shape_problem(value)
+        return planner_settings.shape_problem(value)
     elif check == "names":
         bad = [v for v in value if not isinstance(v, str) or not v]
         if bad:

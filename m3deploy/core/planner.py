@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from m3deploy.core.inputs import url_host
 from m3deploy.core.model import Port, Readiness, Service, WorkerPlan
+from m3deploy.core.planner_settings import bounds, settings_of
 
 PLANNER_UNIT, ACTUATOR_UNIT = "m3-planner", "m3-planner-actuator"
 PLANNER_CONF = "/etc/m3/planner.json"
@@ -37,28 +39,6 @@ SCRIPTS = {"actuator": ("files/m3-planner-actuator.py", ACTUATOR),  # (project f
            "standby-agent": ("files/m3-standby-agent.py", AGENT)}
 STANDBY_GROUP = "standby"
 NAMESPACE = "dynamo"  # the namespace our workers register in (the mocker's and engines' DYN_NAMESPACE default)
-# m3_planner's keys: (type, default, meaning); None = derived from the inventory (docs/INVENTORY.md)
-FIELDS: dict[str, tuple[Any, Any, str]] = {
-    "min": (int, None, "fewest aggregated workers (default: the workers not in standby)"),
-    "max": (int, None, "most aggregated workers (default: every worker, standby included)"),
-    "cooldown_s": (int, 60, "seconds after an action before the actuator acts again"),
-    "port": (int, 9087, "the actuator's orders (HTTP GET /orders) on the first control host's cluster address"),
-    "ttft_ms": ((int, float), 500, "the planner's time-to-first-token target"),
-    "itl_ms": ((int, float), 50, "the planner's inter-token-latency target"),
-    "interval_s": (int, 10, "the planner's adjustment interval (load_adjustment_interval_seconds)"),
-    "optimization_target": (str, "throughput", "the planner's optimization_target: throughput, latency (its static "
-                                               "KV thresholds), load (scale_up/down_kv_pct), sla (needs m3_monitor)"),
-    "scale_up_kv_pct": ((int, float), None, "load: a worker's KV use (scheduled + queued, % of its cache) that adds "
-                                            "a worker (decode_scale_up_kv_rate)"),
-    "scale_down_kv_pct": ((int, float), None, "load: every worker below this KV use (%) removes one "
-                                              "(decode_scale_down_kv_rate)"),
-    "profile_data": (str, None, "mocker: controller directory holding prefill_raw_data.json and "
-                                "decode_raw_data.json, shipped to every worker as --planner-profile-data (the "
-                                "committed one: m3deploy/core/data/planner-profile; unset: the mocker's own timing)"),
-    "planner": (str, "local", "local: Dynamo's planner runs on the first control host; external: only the "
-                              "actuator and agents (the decisions come from a planner run elsewhere)"),
-}
-TARGETS = ("throughput", "latency", "load", "sla")
 PROFILE_DIR = "/etc/m3/planner-profile"  # on worker hosts: the mocker's --planner-profile-data
 PROFILE_FILES = ("prefill_raw_data.json", "decode_raw_data.json")  # dynamo/planner/monitoring/perf_metrics.py
 DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "planner-profile")
@@ -66,53 +46,6 @@ DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data
 
 def enabled(s: Mapping[str, Any]) -> bool:
     return bool(s.get("m3_planner")) and s.get("m3_serving") == "dynamo"
-
-
-def shape_problem(value: Any) -> str:
-    """m3_planner's own shape ('' when fine): known keys, types, ranges (m3deploy.core.inputs)."""
-    if not isinstance(value, dict):
-        return f"expected a dict such as {{'max': 3, 'cooldown_s': 60}}, got {type(value).__name__}"
-    unknown = sorted(set(value) - set(FIELDS))
-    if unknown:
-        return f"unknown key(s) {unknown}. Fix: use only {sorted(FIELDS)}"
-    for k, v in value.items():
-        typ = FIELDS[k][0]
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, typ):
-            return f"{k} = {v!r} is not a {getattr(typ, '__name__', 'number')}. Fix: {k} = {FIELDS[k][1] or 1}"
-        low = 0 if k in ("min", "cooldown_s") or k.endswith("_kv_pct") else 1
-        if typ is not str and v < low:
-            return f"{k} = {v!r} is out of range. Fix: a number >= {low}"
-        if k.endswith("_kv_pct") and v > 100:
-            return f"{k} = {v} is above 100 (a percentage of the KV cache). Fix: a number in 0-100"
-        if k == "port" and not 1024 <= v <= 65535:
-            return f"port = {v} is not a TCP port in 1024-65535. Fix: e.g. port = 9087"
-    if value.get("planner") not in (None, "local", "external"):
-        return f"planner = {value['planner']!r} is not 'local' or 'external'. Fix: planner = 'local'"
-    if value.get("optimization_target") not in (None, *TARGETS):
-        return (f"optimization_target = {value['optimization_target']!r} is not one of {', '.join(TARGETS)}. Fix: "
-                "'throughput' (the default)")
-    load = value.get("optimization_target") == "load"
-    up, down = value.get("scale_up_kv_pct"), value.get("scale_down_kv_pct")
-    if load and (up is None or down is None or up <= down):
-        return ("optimization_target 'load' needs scale_up_kv_pct > scale_down_kv_pct (PlannerConfig's "
-                "decode_scale_up_kv_rate / decode_scale_down_kv_rate). Fix: e.g. 'scale_up_kv_pct': 60, "
-                "'scale_down_kv_pct': 20")
-    if not load and (up is not None or down is not None):
-        return "scale_up_kv_pct / scale_down_kv_pct apply only to optimization_target 'load'. Fix: remove them"
-    return ""
-
-
-def settings_of(s: Mapping[str, Any]) -> dict[str, Any]:
-    """m3_planner with every default filled in (min/max stay None: bounds() derives them)."""
-    raw = dict(s.get("m3_planner") or {})
-    return {k: raw[k] if raw.get(k) is not None else d for k, (_, d, _) in FIELDS.items()}
-
-
-def bounds(p: Mapping[str, Any], always_on: int, standby: int) -> tuple[int, int]:
-    return (always_on if p["min"] is None else int(p["min"]),
-            always_on + standby if p["max"] is None else int(p["max"]))
 
 
 def profile_problem(s: Mapping[str, Any]) -> str:
@@ -179,7 +112,7 @@ def problems(s: Mapping[str, Any], groups: Mapping[str, list[str]], disagg: bool
     return out
 
 
-def planner_config(s: Mapping[str, Any], p: Mapping[str, Any], lo: int, hi: int, backend: str, model: str,
+def planner_config(p: Mapping[str, Any], lo: int, hi: int, backend: str, model: str,
                    prometheus: str) -> dict[str, Any]:
     """PlannerConfig's fields (the 1.6.1 wheel's config/planner_config.py), as PLANNER_CONF holds them."""
     conf = {
@@ -201,10 +134,6 @@ def planner_config(s: Mapping[str, Any], p: Mapping[str, Any], lo: int, hi: int,
     return conf
 
 
-def _units_of(services: list[Service]) -> list[str]:
-    return [x.name for x in services if x.kind == "worker"]
-
-
 def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], hosts: list, addr: Mapping[str, str],
           s: Mapping[str, Any], served: str) -> list[WorkerPlan]:
     """Mark the standby hosts' workers `standby`, add the planner and the actuator to the first control host (in
@@ -213,7 +142,7 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
     # m3_monitor's Prometheus: the `monitor` group's first host, else the first control host (core.monitor)
     mon = next((h for g in ("monitor", "control") for h in hosts if g in h.groups), None) if s.get("m3_monitor") \
         else None
-    prometheus = f"http://{_url_host(addr[mon.name])}:{s['m3_prometheus_port']}" if mon else ""
+    prometheus = f"http://{url_host(addr[mon.name])}:{s['m3_prometheus_port']}" if mon else ""
     standby = [h for h in groups.get(STANDBY_GROUP, []) if h in services]
     prof = profile_files(s) if s.get("m3_engine") == "mocker" else ()
     mocker = bool(prof)
@@ -228,8 +157,7 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
     lo, hi = bounds(p, len(kept), len(worker_plans) - len(kept))
     home = fe.workdir.rsplit("/", 1)[0]
     env = tuple((k, f"{home}/{PLANNER_UNIT}" if k == "HOME" else v) for k, v in fe.env)
-    backend = "mocker" if s.get("m3_engine") == "mocker" else str(s.get("m3_engine"))
-    conf = planner_config(s, p, lo, hi, backend, served, prometheus)
+    conf = planner_config(p, lo, hi, str(s.get("m3_engine")), served, prometheus)  # PlannerConfig.backend
     venv_python = fe.argv[0]
     planner = Service(
         name=PLANNER_UNIT, kind="planner", host=ctl, argv=(venv_python, "-m", "dynamo.planner", "--config",
@@ -237,23 +165,25 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
         env=env, secret_env=fe.secret_env, readiness=Readiness(kind="process", timeout_s=120),
         after=(f"{ctl}/{fe.name}",), env_file=f"/etc/m3/{PLANNER_UNIT}.env", workdir=f"{home}/{PLANNER_UNIT}",
         files=((PLANNER_CONF, json.dumps(conf, indent=2, sort_keys=True) + "\n"),) + prof)
-    act_home, fe_after = f"{home}/{ACTUATOR_UNIT}", (f"{ctl}/{fe.name}",)
-    hosts = [{"host": h, "address": addr[h], "units": _units_of(services[h]),
-              "health": [f"http://{_url_host(addr[h])}:{x.port('system').port}/health"
-                         for x in services[h] if x.kind == "worker" and x.port("system")]} for h in standby]
-    act_conf = {"namespace": NAMESPACE, "min": lo, "max": hi, "always_on": len(kept), "cooldown_s": p["cooldown_s"],
-                "standby": hosts, "state_file": f"{act_home}/state.json", "ready_timeout_s": 300,
+    actuator = _actuator(services, standby, addr, ctl, fe, p, lo, hi, len(kept))
+    services[ctl] += [planner, actuator] if p["planner"] == "local" else [replace(actuator, after=planner.after)]
+    return kept
+
+
+def _actuator(services: dict[str, list[Service]], standby: list[str], addr: Mapping[str, str], ctl: str, fe: Service,
+              p: Mapping[str, Any], lo: int, hi: int, always_on: int) -> Service:
+    """The actuator on the first control host (its config: bounds, cool-down, each standby host's units and
+    health URLs); each standby host's agent appended to its services (in place)."""
+    home = fe.workdir.rsplit("/", 1)[0]
+    act_home = f"{home}/{ACTUATOR_UNIT}"
+    conf_hosts = [{"host": h, "address": addr[h], "units": [x.name for x in services[h] if x.kind == "worker"],
+                   "health": [f"http://{url_host(addr[h])}:{x.port('system').port}/health"
+                              for x in services[h] if x.kind == "worker" and x.port("system")]} for h in standby]
+    act_conf = {"namespace": NAMESPACE, "min": lo, "max": hi, "always_on": always_on, "cooldown_s": p["cooldown_s"],
+                "standby": conf_hosts, "state_file": f"{act_home}/state.json", "ready_timeout_s": 300,
                 "listen": addr[ctl], "port": int(p["port"])}
-    actuator = Service(
-        name=ACTUATOR_UNIT, kind="actuator", host=ctl, argv=(venv_python, ACTUATOR, "--config", ACTUATOR_CONF),
-        env=tuple((k, act_home if k == "HOME" else v) for k, v in fe.env), secret_env=fe.secret_env,
-        readiness=Readiness(kind="process", timeout_s=60), after=(f"{ctl}/{PLANNER_UNIT}",),
-        env_file=f"/etc/m3/{ACTUATOR_UNIT}.env", workdir=act_home,
-        ports=(Port("orders", int(p["port"]), addr[ctl]),),
-        files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),))
-    services[ctl] += [planner, actuator] if p["planner"] == "local" else [replace(actuator, after=fe_after)]
-    orders_url = f"http://{_url_host(addr[ctl])}:{int(p['port'])}/orders"
-    for h in hosts:
+    orders_url = f"http://{url_host(addr[ctl])}:{int(p['port'])}/orders"
+    for h in conf_hosts:
         agent = {"host": h["host"], "units": [f"{u}.service" for u in h["units"]], "orders": orders_url,
                  "interval_s": 2}
         services[h["host"]].append(Service(
@@ -262,8 +192,9 @@ def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], ho
             readiness=Readiness(kind="process", timeout_s=30), workdir=f"{home}/{AGENT_UNIT}",
             env_file=f"/etc/m3/{AGENT_UNIT}.env",
             files=((AGENT_CONF, json.dumps(agent, indent=2, sort_keys=True) + "\n"),)))
-    return kept
-
-
-def _url_host(a: str) -> str:
-    return f"[{a}]" if ":" in a else a
+    return Service(
+        name=ACTUATOR_UNIT, kind="actuator", host=ctl, argv=(fe.argv[0], ACTUATOR, "--config", ACTUATOR_CONF),
+        env=tuple((k, act_home if k == "HOME" else v) for k, v in fe.env), secret_env=fe.secret_env,
+        readiness=Readiness(kind="process", timeout_s=60), after=(f"{ctl}/{PLANNER_UNIT}",),
+        env_file=f"/etc/m3/{ACTUATOR_UNIT}.env", workdir=act_home, ports=(Port("orders", int(p["port"]), addr[ctl]),),
+        files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),))

@@ -274,3 +274,11 @@ def test_verify_expects_a_standby_worker_installed_and_not_enabled():
         r = verify.run_check(_by_id(checks, "unit/w3/m3-worker@0"), _ctx(plan, {"w3": {
             "systemctl show": (0, show.format(active, enabled)), "journalctl": (0, "")}}))
         assert r.ok is ok, (active, enabled, r.evidence)
+
+
+def test_an_idle_standby_worker_is_no_scrape_target():
+    from m3deploy.core import monitor
+
+    plan = build.build(_hosts(3, 1, {**SIM, "m3_planner": {"cooldown_s": 30}, "m3_monitor": True}), name="t")
+    workers = {(t.host, t.service) for t in monitor.targets(plan) if t.job == "worker"}
+    assert ("w1", "m3-worker@0") in workers and ("w3", "m3-worker@0") not in workers  # no M3WorkerDown while idle
