@@ -14,8 +14,8 @@ writes `v1/<namespace>/planner/scaled_decision_id`; rust/planner.rs of ai-dynamo
   carries out with systemctl on the units the plan installed there (stop = Dynamo's drain); no credential leaves
   the control host and no host can order another one's units;
 - after each order it waits until the host's workers answer /health (start) or none does (drained and gone), then
-  acknowledges the decision; within
-  the cool-down after an action it does not act (nor acknowledge: the planner holds new decisions until then);
+  acknowledges the decision; within the cool-down after an action it does not act (nor acknowledge: the planner
+  holds new decisions until then);
 - `decision_id` of the last decision it handled is kept in its state file (written atomically): that decision is
   never acted on again, across restarts of the actuator. The etcd keys hang on the publishing planner's lease
   (seen on the testbed: gone when it exits), so a restarted planner starts its ids at 0 again (rust/planner.rs
