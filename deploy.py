@@ -20,6 +20,7 @@ inventory does not is never touched here (a warning names it): `m3deploy prune` 
 """
 from m3deploy.core.errors import M3Error, ValidationError
 from m3deploy.core.monitor import KINDS as MONITOR_KINDS
+from m3deploy.core.planner import KINDS as PLANNER_KINDS
 from m3deploy.deploy.context import InvalidPlan, cluster_plan, host_plan
 from roles._failfast import stop_on_unreachable_or_failed_hosts
 
@@ -45,6 +46,7 @@ from roles.images import deploy_images  # noqa: E402
 from roles.manifest import write_manifest  # noqa: E402
 from roles.monitor import deploy_monitor  # noqa: E402
 from roles.nats import deploy_nats  # noqa: E402
+from roles.planner import deploy_planner  # noqa: E402
 from roles.preflight import preflight  # noqa: E402
 from roles.record import record_deployment  # noqa: E402
 from roles.runtime import deploy_runtime  # noqa: E402
@@ -101,6 +103,8 @@ else:
     wait_vip()  # m3_vip: held by exactly one control host (the endpoint's owner asks them), before the endpoint is used
     if "frontend" in kinds or (plan.serving == "standalone" and "worker" in kinds):
         verify_serving()
+    if kinds & set(PLANNER_KINDS):  # m3_planner: the planner, its actuator, the standby agents
+        deploy_planner()
     if kinds & set(MONITOR_KINDS):  # m3_monitor: exporters on every host, Prometheus on the monitor host
         deploy_monitor()
     record_deployment()

@@ -61,3 +61,8 @@ def _host(h):
 
 control = [_host(h) for h in _state["hosts"][:_n_control]]
 workers = [_host(h) for h in _state["hosts"][_n_control:]]
+# m3_planner (docs/PLANNER.md): the last M3_TESTBED_STANDBY worker hosts (default 0) are also `standby`: staged by
+# the deploy, started and drained by the planner's actuator
+_n_standby = int(_os.environ.get("M3_TESTBED_STANDBY", "0") or 0)
+if _n_standby:
+    standby = workers[-_n_standby:]

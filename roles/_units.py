@@ -14,7 +14,7 @@ from pathlib import Path
 from pyinfra import host, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
-from pyinfra.operations import apt, python, systemd
+from pyinfra.operations import apt, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from m3deploy.check import readiness as _readiness
@@ -380,6 +380,16 @@ def activate(unit: str, unit_op, changed_ops, *, restart=None, why: str = "its f
     if tracked:
         track(*ops)
     return lambda: any(_did_change(op) for op in ops)
+
+
+def stage(unit: str, unit_op, changed_ops) -> None:
+    """Stage, never activate: a standby worker (m3_planner, m3deploy.core.planner) is installed but neither enabled
+    nor started by the deploy (the standby agent starts and drains it: files/m3-standby-agent.py). daemon-reload
+    when its unit changed; when its files changed while the agent runs it, `systemctl try-restart` (a drained
+    restart, only if it runs)."""
+    systemd.daemon_reload(name=f"Reload systemd (unit {unit} changed)", _if=unit_op.did_change)
+    server.shell(name=f"Restart {unit} if the planner runs it (its files changed)",
+                 commands=[f"systemctl try-restart {shlex.quote(unit)}"], _if=any_changed(*changed_ops))
 
 
 def track(*ops) -> None:

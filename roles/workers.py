@@ -52,6 +52,9 @@ def deploy_workers():
         # 0600 keys): a change restarts it
         cfg = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
         unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
+        if s.standby:  # m3_planner: installed, never enabled or started here; the actuator's agent runs it
+            u.stage(s.unit, unit_op, u.changes(s, unit_op, env_op, *cfg, *sim))
+            continue
         # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
         changed = u.changes(s, unit_op, env_op, *cfg, *sim, *filter(None, [s.image and image_changed(s.image)]))
         # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
@@ -61,6 +64,7 @@ def deploy_workers():
             _rollout.register(s, lambda ops=tuple(changed): any(u._did_change(op) for op in ops))
         starts.append(u.activate(s.unit, unit_op, changed, rolled=roll))
     # all of this host's ranks start first, then the waits: engines load in parallel
+    workers = [s for s in workers if not s.standby]
     for s, started in zip(workers, starts):
         u.wait_ready(s, started)
     # the ones started here; engine instances left to the rollout are waited for by roles/_rollout.py

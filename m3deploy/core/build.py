@@ -17,7 +17,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from m3deploy.core import catalog, disagg, edge, internal_tls, layout, monitor, mpi, recipes, repos, settings
+from m3deploy.core import (catalog, disagg, edge, internal_tls, layout, monitor, mpi, planner, recipes, repos,
+                           settings)
 from m3deploy.core import simengine
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inputs import address_of, url_host
@@ -161,6 +162,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         endpoint = _frontends(c, control, workers, addr, services)
     else:
         endpoint = _standalone_endpoint(worker_plans, addr, services)
+    if planner.enabled(s):  # the planner and its actuator; the standby hosts' workers installed, not started
+        worker_plans = planner.apply(services, worker_plans, hosts, addr, s, c.served)
     internal_tls.apply(services, addr, s)  # m3_internal_tls: etcd and NATS with client certificates
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     model_repos = _model_repos(c, hosts, services)
@@ -274,7 +277,7 @@ def _host_plan(c: _Common, h: InvHost, address: str, services: list[Service], sp
     disk_gb = int(catalog.catalog()["variants"][s["m3_variant"]]["disk_gb"])
     return HostPlan(
         name=h.name, address=address,
-        groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP) if g in h.groups),
+        groups=tuple(g for g in ("control", "workers", monitor.MONITOR_GROUP, planner.STANDBY_GROUP) if g in h.groups),
         platform=plat, gpu_vendor=vendor if vendor in ("nvidia", "amd") else "",
         gpu_model=info.get("gpu_model", "") if gpus else "", gpus=gpus,
         gpu_memory_gb=int(h.data.get("m3_gpu_memory_gb") or info.get("gpu_memory_gb", 0)) if gpus else 0,

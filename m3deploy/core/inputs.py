@@ -355,6 +355,10 @@ def _semantic(key, value) -> str:
         return _url_problem(tokens) or size_problem(tokens, key.name)
     elif check == "disagg":
         return _disagg_problem(value)
+    elif check == "planner":
+        from m3deploy.core import planner_settings
+
+        return planner_settings.shape_problem(value)
     elif check == "names":
         bad = [v for v in value if not isinstance(v, str) or not v]
         if bad:

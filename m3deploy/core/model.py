@@ -87,6 +87,9 @@ class Service:
     # (a secret name, or a text with `{secret-name}` fields, as secret_env): an MPI world's SSH keys
     # (m3deploy.core.mpi); `m3deploy render` masks them, the plan names only the ref
     secret_files: tuple[tuple[str, str], ...] = ()
+    # m3_planner: a worker of a `standby` host: installed, never enabled or started by the deploy; the planner's
+    # actuator starts and stops it (m3deploy.core.planner)
+    standby: bool = False
 
     @property
     def unit(self) -> str:
@@ -301,6 +304,7 @@ def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
         "after": list(s.after), "env_file": s.env_file, "workdir": s.workdir, "worker": s.worker, "rank": s.rank,
         "nnodes": s.nnodes, "devices": list(s.devices), **({"files": dict(s.files)} if s.files else {}),
         **({"secret_files": dict(s.secret_files)} if s.secret_files else {}),
+        **({"standby": True} if s.standby else {}),
         **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source}
                            for p in s.provenance]} if provenance else {}),
     }

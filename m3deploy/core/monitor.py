@@ -220,7 +220,8 @@ def targets(plan: ClusterPlan) -> list[Target]:
                     job = "etcd" if p.name == "metrics" else None
                 if job is None and s.kind == "worker" and p.name == "http" and plan.serving == "standalone":
                     job = "engine"  # a standalone engine serves its own /metrics on its HTTP port
-                if job is None or (s.kind == "worker" and s.rank > 0):
+                # a standby worker (m3_planner) is down until the planner starts it: not a target (M3WorkerDown)
+                if job is None or (s.kind == "worker" and (s.rank > 0 or s.standby)):
                     continue
                 out.append(Target(job=job, host=h.name, service=s.name, address=f"{url_host(p.address)}:{p.port}",
                                   worker=s.worker if s.kind == "worker" else -1,

@@ -203,6 +203,10 @@ _KEYS = (
         check="disagg", omit_unset=True),
     Key("m3_disagg_role", str, None, "m3_disagg: the host's pool (else hosts join the pools in rank order, prefill "
         "first)", values=("prefill", "decode")),
+    Key("m3_planner", dict, {}, "Dynamo: the SLA planner (environment virtual) on the first control host and "
+        "m3deploy's actuator, which starts and drains the `standby` group's prepared workers, e.g. {'max': 3, "
+        "'cooldown_s': 60, 'ttft_ms': 500}; also 'min', 'itl_ms', 'interval_s', 'optimization_target', "
+        "'profile_data' (docs/PLANNER.md)", True, check="planner", omit_unset=True),
     Key("m3_internal_tls", bool, False, "Dynamo: TLS with client certificates of the cluster CA for etcd (clients "
         "and peers) and NATS (clients and routes); clients without a certificate are refused "
         "(m3deploy.core.internal_tls)", True),
@@ -275,6 +279,8 @@ CHECKS = {  # what each Key.check means (m3deploy.core.inputs enforces it); the 
     "duration": "a Prometheus duration, e.g. 15d, 12h, 1w",
     "bytesize": "a Prometheus size, e.g. 10GB, 512MB",
     "disagg": "{'prefill': {...}, 'decode': {...}} with the pool keys of docs/DISAGG.md",
+    "planner": "{'min', 'max', 'cooldown_s', 'ttft_ms', 'itl_ms', 'interval_s', 'optimization_target', "
+               "'profile_data'} (docs/PLANNER.md)",
 }
 # Keys that were replaced: the input check names the new spelling (m3deploy.core.inputs.did_you_mean).
 RENAMED = {"m3_hf_cache_shared": "m3_weights_source = 'shared'"}

@@ -200,6 +200,16 @@ def disagg_settings(c: Cluster, add: Add) -> None:
 
 
 @rule(RULES)
+def planner_settings(c: Cluster, add: Add) -> None:
+    """m3_planner and the standby group (m3deploy.core.planner)."""
+    from m3deploy.core import disagg, planner
+
+    groups = {g: [h.name for h in c.hosts if g in h.groups] for g in ("control", "workers", planner.STANDBY_GROUP)}
+    for p in planner.problems(c.s, groups, disagg.enabled(c.s)):
+        add(p)
+
+
+@rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
     """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
     mode = c.s["m3_rollout"]

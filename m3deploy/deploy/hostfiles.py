@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import internal_tls, monitor
+from m3deploy.core import internal_tls, monitor, planner
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
@@ -58,10 +58,11 @@ PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy", "vi
             **monitor.PACKAGES}
 TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
              "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2",
-             **{k: "m3-monitor.service.j2" for k in monitor.KINDS}}
+             **{k: "m3-monitor.service.j2" for k in monitor.KINDS},
+             **{k: "m3-planner.service.j2" for k in planner.KINDS}}
 # created by the etcd-server / nats-server / prometheus(-node-exporter) packages
 _USERS = {"etcd": "etcd", "nats": "nats", "nats-exporter": "nats", "prometheus": "prometheus",
-          "node-exporter": "prometheus"}
+          "node-exporter": "prometheus", "standby-agent": "root"}
 _M3_UNIT = re.compile(r"^(etcd|nats|nats-server|haproxy|prometheus|prometheus-node-exporter|m3-[A-Za-z0-9@._-]+)"
                       r"\.service$")
 
@@ -126,7 +127,7 @@ def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
     extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
     if s.kind in ("worker", "scripted"):
         extra["unregister_script"] = UNREGISTER_DEAD if unregisters_dead(s) else ""
-    if s.kind in ("frontend", "worker", "scripted"):
+    if s.kind in ("frontend", "worker", "scripted", "planner", "actuator"):
         extra["launch"] = internal_tls.launcher(s)  # m3_internal_tls: files/m3-tls-env exports etcd's PEM text
     if s.kind in monitor.KINDS:
         extra.update(_MONITOR_UNITS[s.kind])
@@ -307,6 +308,7 @@ def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
         if s is next((w for w in hp.services if internal_tls.launcher(w)), None):
             out.append(tls_launcher())  # once, before the first unit that runs it
         out += monitor_files(cp, s) if s.kind in monitor.KINDS else []
+        out += [project_file(*planner.SCRIPTS[s.kind])] if s.kind in planner.SCRIPTS else []
         out += [*config_files(s, secrets)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
         if has_watchdog(s):
             out += [watchdog_script(), watchdog_unit(cp, s)] if s is next(

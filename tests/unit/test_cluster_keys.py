@@ -38,6 +38,7 @@ PAIRS = {
     "m3_tls_ca_file": ("/etc/m3-a/ca.pem", "/etc/m3-b/ca.pem"),
     "m3_vip": ("10.0.0.200/24", "10.0.0.201/24"), "m3_vip_router_id": (7, 8),
     "m3_disagg": ({}, {"prefill": {"workers": 1}, "decode": {"workers": 1}}),
+    "m3_planner": ({}, {"max": 3}),
 }
 BASE = {"m3_platform": "h200"}
 

@@ -65,7 +65,10 @@ def _unit_check(h: HostPlan, s: Service) -> Callable[[Context], str]:
         ev = f"{load}, {active} ({sub}), {enabled}"
         if st.get("NRestarts", "0") not in ("0", ""):
             ev += f", restarted {st['NRestarts']}x"
-        if load != "loaded" or active != "active" or enabled != "enabled":
+        # a standby worker (m3_planner) is installed, never enabled; the planner's agent starts and stops it
+        bad = load != "loaded" or enabled == "enabled" if s.standby else (
+            load != "loaded" or active != "active" or enabled != "enabled")
+        if bad:
             j = ctx.run(h.name, f"journalctl -u {shlex.quote(s.unit)} -n 3 --no-pager -o cat 2>&1 || true")
             tail = " | ".join(x.strip() for x in j.stdout.strip().splitlines()[-3:])
             raise CheckFailed(ev + (f"; journal: {tail[:300]}" if tail and "No entries" not in tail else ""))
@@ -245,10 +248,11 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
         for s in h.services:
             out.append(Check(
                 id=f"unit/{h.name}/{s.name}", group="unit", target=h.name, ssh=True,
-                title=f"{s.unit} active and enabled", fn=_unit_check(h, s),
+                title=f"{s.unit} installed, not enabled (standby: the planner starts it)" if s.standby
+                else f"{s.unit} active and enabled", fn=_unit_check(h, s),
                 reproduce=rep(f"systemctl status {s.unit} --no-pager; journalctl -u {s.unit} -n 50 --no-pager")))
         for s in h.services:
-            for p in s.ports:
+            for p in () if s.standby else s.ports:
                 out.append(Check(
                     id=f"port/{h.name}/{s.name}/{p.name}", group="port", target=h.name, ssh=True,
                     title=f"{s.name} listens on {p.address}:{p.port} ({p.name})", fn=_port_check(h, s, p),
@@ -291,7 +295,7 @@ def controller_checks(plan: ClusterPlan, only_host: str | None = None) -> list[C
             continue
         for s in h.services:
             r = s.readiness
-            if r is not None and r.kind == "http" and r.url:
+            if r is not None and r.kind == "http" and r.url and not s.standby:
                 out.append(Check(
                     id=f"health/{h.name}/{s.name}", group="health", target=h.name,
                     title=f"GET {r.url} answers {r.expect_status}"
