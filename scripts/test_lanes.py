@@ -29,22 +29,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ("tests/unit", "tests/deploy")  # one lane: no testbed, CPU-bound
-# e2e modules by the time each took alone (longest first); the unit+deploy lane runs beside them
-LONGEST_FIRST = (
-    "tests/e2e/test_deploy.py",
-    "tests/e2e/test_edge.py",
-    "tests/e2e/test_internal_tls.py",
-    "tests/e2e/test_monitor_testbed.py",
-    "tests/e2e/test_disagg_testbed.py",
-    "tests/e2e/test_docker_runtime_testbed.py",
-    "tests/e2e/test_engine_types_testbed.py",
-    "tests/e2e/test_bench_testbed.py",
-    "tests/e2e/test_cluster_name_testbed.py",
-    "tests/e2e/test_weights_fanout_testbed.py",
-    "tests/e2e/test_testbed.py",
-    "tests/e2e/test_verify_loopback.py",
-    "tests/e2e/test_testbed_net_admin.py",
-    "tests/e2e/test_testbed_lock.py",
+# e2e modules by the time each took in a cold CI run (3 lanes at a time), longest first; unit+deploy runs beside them
+LONGEST_FIRST = (  # seconds, benchmarks/results/test-lanes-2026-12-03.md
+    "tests/e2e/test_deploy.py",  # 371
+    "tests/e2e/test_docker_runtime_testbed.py",  # 290
+    "tests/e2e/test_edge.py",  # 246
+    "tests/e2e/test_monitor_testbed.py",  # 225
+    "tests/e2e/test_engine_types_testbed.py",  # 155
+    "tests/e2e/test_internal_tls.py",  # 146
+    "tests/e2e/test_bench_testbed.py",  # 110
+    "tests/e2e/test_disagg_testbed.py",  # 92
+    "tests/e2e/test_cluster_name_testbed.py",  # 80
+    "tests/e2e/test_verify_loopback.py",  # 62
+    "tests/e2e/test_weights_fanout_testbed.py",  # 41
+    "tests/e2e/test_testbed_net_admin.py",  # 29
+    "tests/e2e/test_testbed.py",  # 24
+    "tests/e2e/test_testbed_lock.py",  # 0
 )
 
 

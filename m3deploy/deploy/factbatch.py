@@ -67,6 +67,23 @@ def _kwargs_json(kwargs: dict) -> Any:
         return None
 
 
+def round_command(cmds: list[tuple[str, str]]) -> str:
+    """One shell command that runs every (fact command, required binary) at once, each in the background into its
+    own file of a private temp dir, and prints them in order, each between its marks with its exit status. At once:
+    the checks only read, and most of their time is systemctl's (a process and a D-Bus round trip each, ~6 ms on
+    the testbed): the control host's round took ~145 ms one after another, ~100 ms at once. No temp dir (a full
+    /tmp): the command fails and every fact is asked live."""
+    parts = ['d=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    for i, (command, requires) in enumerate(cmds):
+        body = f"( {command} ) </dev/null 2>/dev/null"
+        if requires:
+            body = f"if command -v {requires} >/dev/null 2>&1; then {body}; else false; fi"
+        parts.append(f'{{ echo {MARK}:{i}; {body}; echo {MARK}:{i}:rc=$?; }} >"$d/{i}" &')
+    parts.append("wait")
+    parts.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(cmds))))
+    return "\n".join(parts)
+
+
 class _HostFacts:
     """One host's round: asked facts (for the record), answers of the round, and whether they still hold."""
 
@@ -99,15 +116,10 @@ class _HostFacts:
                 cmds.append((key, command, requires))
         if not cmds:
             return {}
-        parts = []
-        for i, (_, command, requires) in enumerate(cmds):
-            body = f"( {command} ) </dev/null 2>/dev/null"
-            if requires:
-                body = f"if command -v {requires} >/dev/null 2>&1; then {body}; else false; fi"
-            parts.append(f"echo {MARK}:{i}; {body}; echo {MARK}:{i}:rc=$?")
         try:
             with self._asking():
-                ok, out = self.run("\n".join(parts), print_output=False, print_input=False)
+                ok, out = self.run(round_command([(c, r) for _, c, r in cmds]), print_output=False,
+                                   print_input=False)
         except Exception:  # noqa: BLE001 - the round is an optimisation: pyinfra asks each fact itself
             return {}
         if not ok:
