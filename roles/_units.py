@@ -299,8 +299,11 @@ class RunsOlderFiles(FactBase):
 
     def command(self, unit, paths):
         u_, q = shlex.quote(unit), " ".join(shlex.quote(p) for p in paths)
-        return (f"t=$(systemctl is-active -q {u_} && systemctl show --timestamp=unix -p ExecMainStartTimestamp "
-                f"--value {u_} | tr -d @); m=$(stat -c %Y {q} 2>/dev/null | sort -n | tail -1); "
+        # one systemctl (a process and a D-Bus call each): ActiveState as `is-active` reads it (active or reloading)
+        return (f"s=$(systemctl show --timestamp=unix -p ActiveState -p ExecMainStartTimestamp {u_} 2>/dev/null); t=; "
+                'case "$s" in *ActiveState=active*|*ActiveState=reloading*) t=${s#*ExecMainStartTimestamp=}; '
+                't=${t%%[!0-9@]*}; t=${t#@};; esac; '
+                f"m=$(stat -c %Y {q} 2>/dev/null | sort -n | tail -1); "
                 'if [ -n "$t" ] && [ -n "$m" ] && [ "$m" -gt "$t" ]; then echo stale; else echo ok; fi')
 
     def process(self, output):
