@@ -1,6 +1,6 @@
 """Benchmark: a cold deploy's operations per host, and a no-change re-run against the one-command floor.
 
-On its own 3-host testbed (1 control + 2 mocker workers; name `m3spb`, 10.105.0.0/24 unless --name/--subnet):
+On its own 3-host testbed (1 control + 2 mocker workers; name `m3spb`, 10.170.0.0/24 unless --name/--subnet):
 1. a cold deploy from empty controller caches (a fresh M3DEPLOY_CACHE/M3DEPLOY_CONFIG; the testbed image cache is
    the machine's, or --testbed-cache): wall time, and for every host the operations that ran on it and how many
    of them changed something;
@@ -70,7 +70,7 @@ def grand_total(out: str) -> tuple[int, int]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="m3spb")
-    ap.add_argument("--subnet", default="10.105.0.0/24")
+    ap.add_argument("--subnet", default="10.170.0.0/24")  # not test_edge.py's 10.105
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--testbed-cache", default=os.environ.get("M3_TESTBED_CACHE", ""))
     ap.add_argument("--label", default="")
