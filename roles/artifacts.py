@@ -47,7 +47,8 @@ def deploy_artifacts():
     if not cp.dynamo_version or not cp.venv:
         raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
                       "dynamo_version/venv (set m3_dynamo_version)")
-    local = artifacts.ensure_wheelhouse(cp.dynamo_version)  # built before any host's work (context)
+    # built before any host's work (context); the planner's host's holds the planner's imports too
+    local = artifacts.ensure_wheelhouse(cp.dynamo_version, target=artifacts.host_target(cp, hp))
     digest = artifacts.manifest_digest(local)
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"

@@ -59,6 +59,8 @@ class Target:
     # pip evaluates markers with the controller's interpreter; the target's patch level may differ
     # (bookworm: 3.11.2, where redis needs async-timeout for python_full_version < "3.11.3").
     full_versions: tuple[str, ...] = ("3.11.0", "3.11.2", "3.11.9")
+    # requirements beyond ai-dynamo's own: Dynamo's planner's, on the host that runs it (host_target)
+    extra: tuple[str, ...] = ()
 
     @property
     def abi(self) -> str:
@@ -77,7 +79,10 @@ class Target:
 
     @property
     def suffix(self) -> str:
-        return "" if self == HOSTS else f"-{self.abi}-{self.arch}"
+        if self == HOSTS:
+            return ""
+        extra = "-planner-" + hashlib.sha256("\n".join(self.extra).encode()).hexdigest()[:8] if self.extra else ""
+        return f"-{self.abi}-{self.arch}{extra}"
 
     @classmethod
     def container(cls, python: str, arch: str) -> "Target":
@@ -85,6 +90,16 @@ class Target:
 
 
 HOSTS = Target()
+
+
+def host_target(plan, hp) -> Target:
+    """The wheelhouse a host's venv is built from: the hosts' one, plus what Dynamo's planner imports on the host
+    that runs it (m3_planner, planner = 'local'; core/planner_settings.py wheel_requirements): its venv only."""
+    if not any(s.kind == "planner" for s in hp.services):
+        return HOSTS
+    from m3deploy.core.planner_settings import wheel_requirements
+
+    return Target(extra=wheel_requirements({"m3_planner": plan.setting("m3_planner")}))
 # Kept for readers of the module: the hosts' target.
 TARGET_PYTHON, TARGET_ABI, TARGET_PLATFORMS = HOSTS.python, HOSTS.abi, HOSTS.platforms
 TARGET_MARKER_ENV = HOSTS.marker_env
@@ -340,8 +355,17 @@ def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, targe
             find = ["--no-index", "--find-links", str(source)] if source else []
             _pip_download(work, [*find, "--no-deps", f"ai-dynamo=={version}"], log, target)
             top = next(work.glob("ai_dynamo-*.whl"))
-            reqs = _wheel_requirements(top, [target.marker_env])
-            _pip_download(work, [*find, *reqs, *BOOTSTRAP], log, target)
+            reqs = _wheel_requirements(top, [target.marker_env]) + list(target.extra)
+            try:
+                _pip_download(work, [*find, *reqs, *BOOTSTRAP], log, target)
+            except M3Error as e:
+                if not target.extra:
+                    raise
+                raise M3Error(f"{e}\nm3_planner: Dynamo's planner (planner = 'local') needs {list(target.extra)}; "
+                              "ai-dynamo 1.6.1 pins aisimulate==0.13.0, whose wheel is on NVIDIA's index. Fix: give "
+                              "the controller's pip that index (pip.conf: extra-index-url = https://pypi.nvidia.com), "
+                              "or set m3_planner aisimulate to a build PyPI has (e.g. "
+                              "'aisimulate==0.13.0.dev202610270000000085'), or planner = 'external'") from None
             for _ in range(5):
                 extra = _missing_for_target(work, target)
                 if not extra:

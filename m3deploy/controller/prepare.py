@@ -59,7 +59,7 @@ def needs(plan) -> list[Need]:
     for h in plan.hosts:
         for s in h.services:
             if s.kind in ("frontend", "worker") and not s.image:
-                wheel.setdefault(artifacts.HOSTS, []).append(h.name)
+                wheel.setdefault(artifacts.host_target(plan, h), []).append(h.name)
             if s.kind == "worker" and plan.engine == "mocker":
                 mocker.append(h.name)
             if s.image and s.image.startswith(SIM_IMAGE + ":"):
@@ -74,7 +74,8 @@ def needs(plan) -> list[Need]:
         if not plan.dynamo_version:
             raise M3Error(f"hosts {sorted(set(hosts))} run Dynamo but the plan has no dynamo_version "
                           "(set m3_dynamo_version)")
-        where = "hosts" if target == artifacts.HOSTS else "engine containers"
+        where = ("hosts" if target == artifacts.HOSTS else "the planner's host" if target.extra
+                 else "engine containers")
         out.append(Need("wheelhouse", f"ai-dynamo=={plan.dynamo_version} wheelhouse for the {where} "
                         f"({target.abi}, {target.arch})", tuple(dict.fromkeys(hosts)),
                         version=plan.dynamo_version, target=target))

@@ -5,6 +5,7 @@ is built.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,15 @@ FIELDS: dict[str, tuple[Any, Any, str]] = {
                                 "committed one: m3deploy/core/data/planner-profile; unset: the mocker's own timing)"),
     "planner": (str, "local", "local: Dynamo's planner runs on the first control host; external: only the "
                               "actuator and agents (the decisions come from a planner run elsewhere)"),
+    "aisimulate": (str, "aisimulate==0.13.0", "local: the pip requirement of AISimulate, which the planner imports "
+                                              "(ai-dynamo 1.6.1 pins 0.13.0, on NVIDIA's index; PyPI has dev builds "
+                                              "only, e.g. aisimulate==0.13.0.dev202610270000000085)"),
 }
+# What Dynamo 1.6.1's planner imports that ai-dynamo's requirements do not name (m3deploy leaves out aisimulate, a
+# placeholder on PyPI, and adds `aisimulate` above): found by starting `python -m dynamo.planner` on the testbed
+# (sklearn: core/perf_model/base.py; prometheus_api_client: monitoring/traffic_metrics.py; pmdarima, filterpy,
+# prophet: core/load/predictors.py). They go into the planner's host's wheelhouse only (controller/artifacts.py).
+PLANNER_REQUIREMENTS = ("scikit-learn", "prometheus-api-client", "pmdarima", "filterpy", "prophet")
 TARGETS = ("throughput", "latency", "load", "sla")
 
 
@@ -52,6 +61,10 @@ def shape_problem(value: Any) -> str:
             return f"{k} = {v} is above 100 (a percentage of the KV cache). Fix: a number in 0-100"
         if k == "port" and not 1024 <= v <= 65535:
             return f"port = {v} is not a TCP port in 1024-65535. Fix: e.g. port = 9087"
+    ais = value.get("aisimulate")
+    if ais is not None and not re.fullmatch(r"aisimulate\s*(?:[=<>!~]=?\s*[0-9][0-9A-Za-z.+-]*\s*,?\s*)*", ais):
+        return (f"aisimulate = {ais!r} is not a pip requirement of the aisimulate package. Fix: e.g. "
+                "'aisimulate==0.13.0.dev202610270000000085'")
     if value.get("planner") not in (None, "local", "external"):
         return f"planner = {value['planner']!r} is not 'local' or 'external'. Fix: planner = 'local'"
     if value.get("optimization_target") not in (None, *TARGETS):
@@ -79,3 +92,8 @@ def bounds(p: Mapping[str, Any], always_on: int, standby: int) -> tuple[int, int
             always_on + standby if p["max"] is None else int(p["max"]))
 
 
+
+
+def wheel_requirements(s: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the host running Dynamo's planner needs in its venv beyond ai-dynamo's own requirements."""
+    return (settings_of(s)["aisimulate"], *PLANNER_REQUIREMENTS)

@@ -8,9 +8,8 @@ dynamo/planner/connectors/virtual.py `VirtualConnector._update_scaling_decision`
 It stays up, as the planner does: the coordinator's keys hang on this process's etcd lease (they were gone at once
 when a one-shot publisher exited, on the testbed), so a decision lives as long as its publisher.
 
-Why not the planner itself: the 1.6.1 planner imports aisimulate_core and scikit-learn at start
-(dynamo/planner/core/perf_model/ais_adapter.py l. 21, base.py l. 17); aisimulate's wheel lives on pypi.nvidia.com,
-which this machine cannot reach (docs/PLANNER.md). The decisions published here are the drill's, not a policy's.
+Why not the planner: it runs too (M3_PLANNER_POLICY=dynamo, docs/PLANNER.md), but a policy cannot be made to
+publish on cue what the drill also checks: a decision above max, a decision just before the actuator restarts.
 """
 import asyncio
 import json

@@ -13,10 +13,13 @@ M3_TESTBED_STANDBY=1), deploys with m3_planner (cool-down COOLDOWN_S, `planner: 
 writes benchmarks/results/planner-<UTC start>.md (figures, the actuator's and the agent's journal lines) and
 brings the testbed down (M3_E2E_KEEP=1 keeps it).
 
-Not Dynamo's planner policy: the decisions are published by tests/e2e/planner_publish.py through the runtime's
-own VirtualConnectorCoordinator (what the planner's VirtualConnector calls), because the 1.6.1 planner cannot
-start here (it imports aisimulate_core, whose wheel is on pypi.nvidia.com, unreachable; and scikit-learn):
-docs/PLANNER.md. Everything downstream of the decision is the product, for real.
+Who decides: with M3_PLANNER_POLICY=dynamo, Dynamo 1.6.1's own planner (the m3-planner unit; `planner: local`,
+AISimulate's dev build from PyPI, optimization_target `load`: docs/PLANNER.md), and the drill waits for its
+decisions; else tests/e2e/planner_publish.py publishes them through the runtime's own VirtualConnectorCoordinator
+(what the planner's VirtualConnector calls), which also drives what a policy cannot be made to do on cue: a decision
+above max, the actuator's restart. Everything downstream of the decision is the product, for real.
+
+    M3_PLANNER_POLICY=dynamo python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_planner.py
 """
 from __future__ import annotations
 
@@ -46,9 +49,18 @@ ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3_TESTBED_
        "M3DEPLOY_CONFIG": CONFIG}
 COOLDOWN_S = 60  # longer than the step's phases: the scale-in decision comes inside it and waits
 TTFT_TARGET_MS = 500  # m3_planner's ttft_ms default: the planner's target
-SETTING = {"cooldown_s": COOLDOWN_S, "planner": "external", "ttft_ms": TTFT_TARGET_MS}
+# M3_PLANNER_POLICY=dynamo: Dynamo's own 1.6.1 planner decides (planner 'local', AISimulate's dev build from PyPI,
+# optimization_target 'load'); else the decisions are this drill's, published by tests/e2e/planner_publish.py
+DYNAMO = os.environ.get("M3_PLANNER_POLICY", "") == "dynamo"
+AISIMULATE = "aisimulate==0.13.0.dev202610270000000085"  # PyPI's build (the 0.13.0 pin is on NVIDIA's index)
+# KV use the mocker reports for tests/e2e/load.py with MAX_TOKENS, seen on the testbed (262144 tokens of cache):
+# ~0.17% per client -> 1 client on 1 worker 0.17%, the 3x step 0.5%; on 2 workers 0.26% and 0.09%
+LOAD_TARGET = {"optimization_target": "load", "scale_up_kv_pct": 0.35, "scale_down_kv_pct": 0.12, "interval_s": 5}
+SETTING = ({"cooldown_s": COOLDOWN_S, "planner": "local", "ttft_ms": TTFT_TARGET_MS, "aisimulate": AISIMULATE,
+            **LOAD_TARGET} if DYNAMO else {"cooldown_s": COOLDOWN_S, "planner": "external", "ttft_ms": TTFT_TARGET_MS})
 DATA = f"m3_planner={json.dumps(SETTING)}"
-BASE = 2  # clients before and after the step; the step is 3x
+BASE = 1 if DYNAMO else 2  # clients before and after the step; the step is 3x
+MAX_TOKENS = 400 if DYNAMO else 24  # long answers: the KV use the planner reads is steadier
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 ROWS: list[dict] = []
 
@@ -96,9 +108,10 @@ def cluster():
     assert res.returncode == 0, res.stdout[-4000:]
     plan = _plan()
     control = plan.group("control")[0].name
-    pub = Publisher(plan, control)
+    pub = None if DYNAMO else Publisher(plan, control)
     yield plan, control, pub
-    pub.close()
+    if pub:
+        pub.close()
     _write(plan, control)
     if not os.environ.get("M3_E2E_KEEP"):
         testbed.down(name=NAME, log=lambda *a, **k: None)
@@ -168,19 +181,19 @@ def test_scale_out_under_a_3x_step_and_in_with_zero_failed(cluster):
     model = plan.served_model_name
     since = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
-    with Load(plan.endpoint, model, concurrency=BASE, duration_s=600) as load:  # baseline
+    with Load(plan.endpoint, model, concurrency=BASE, duration_s=600, max_tokens=MAX_TOKENS) as load:  # baseline
         b0 = _ttft_buckets(plan)
         time.sleep(20)
         stats = load.stop()
     _row(f"baseline, {BASE} clients, 1 worker", stats, _p99_ms(b0, _ttft_buckets(plan)), "before the step")
 
-    with Load(plan.endpoint, model, concurrency=3 * BASE, duration_s=600) as load:  # the 3x step
+    with Load(plan.endpoint, model, concurrency=3 * BASE, duration_s=600, max_tokens=MAX_TOKENS) as load:  # the 3x step
         time.sleep(10)
         b1 = _ttft_buckets(plan)
         time.sleep(10)
         p99_before = _p99_ms(b1, _ttft_buckets(plan))
         t0 = time.monotonic()
-        did = pub.decide(2)
+        did = _planner_decides(control, since, 2) if DYNAMO else pub.decide(2)
         started = _wait_journal(control, planner.ACTUATOR_UNIT, since, rf"action: start {standby} done")
         took = time.monotonic() - t0
         _listed(plan, 2)
@@ -189,11 +202,15 @@ def test_scale_out_under_a_3x_step_and_in_with_zero_failed(cluster):
         p99_after = _p99_ms(b2, _ttft_buckets(plan))
         stats = load.stop()
     _row(f"3x step ({3 * BASE} clients), decision {did}: 2 workers", stats, p99_after,
-         f"TTFT p99 {p99_before:.0f} ms at 1 worker under the step; standby serving {took:.1f} s after the decision "
+         f"TTFT p99 {p99_before:.0f} ms at 1 worker under the step; standby serving {took:.1f} s after the drill "
+         f"{'saw the planner publish it' if DYNAMO else 'published it'} "
          f"({started.split(': ', 1)[1]})")
     assert d.on(standby, f"systemctl is-active {unit}", name=NAME).strip() == "active"
     assert p99_after < TTFT_TARGET_MS, f"TTFT p99 {p99_after:.0f} ms after the scale-out >= {TTFT_TARGET_MS} ms"
 
+    if DYNAMO:  # the planner's own scale-in, when the load drops (its decision may wait out the cool-down)
+        _dynamo_scale_in(plan, control, standby, unit, model, since, started)
+        return
     # above max: clamped to max (2 = what serves), acknowledged, nothing started
     did_max = pub.decide(5)
     _wait_journal(control, planner.ACTUATOR_UNIT, since, rf"id {did_max}: acknowledged")
@@ -209,7 +226,7 @@ def test_scale_out_under_a_3x_step_and_in_with_zero_failed(cluster):
     assert not [x for x in after_restart if " action: " in x], after_restart
 
     # the load drops back; scale in (the cool-down from the start above may still hold it): 0 failed
-    with Load(plan.endpoint, model, concurrency=BASE, duration_s=600) as load:
+    with Load(plan.endpoint, model, concurrency=BASE, duration_s=600, max_tokens=MAX_TOKENS) as load:
         time.sleep(5)
         b3 = _ttft_buckets(plan)
         t0 = time.monotonic()
@@ -235,6 +252,34 @@ def test_scale_out_under_a_3x_step_and_in_with_zero_failed(cluster):
     os.environ["M3_PLANNER_SINCE"] = since
 
 
+def _planner_decides(control: str, since: str, n: int, timeout_s: float = 180) -> int:
+    """Dynamo's planner publishes a decision for n workers by itself: its id, from the actuator's journal."""
+    hit = _wait_journal(control, planner.ACTUATOR_UNIT, since, rf"decision: id \d+: (scale|wait): planner wants {n},",
+                        timeout_s)
+    return int(re.search(r"decision: id (\d+)", hit).group(1))
+
+
+def _dynamo_scale_in(plan, control, standby, unit, model, since, started) -> None:
+    with Load(plan.endpoint, model, concurrency=BASE, duration_s=600, max_tokens=MAX_TOKENS) as load:
+        b3 = _ttft_buckets(plan)
+        t0 = time.monotonic()
+        stopped = _wait_journal(control, planner.ACTUATOR_UNIT, since, rf"action: stop {standby} done", 240)
+        took = time.monotonic() - t0
+        did_in = _planner_decides(control, since, 1, 5)
+        _listed(plan, 1)
+        time.sleep(10)
+        stats = load.stop()
+    _row(f"load back to {BASE} client(s), the planner's decision {did_in}: 1 worker", stats,
+         _p99_ms(b3, _ttft_buckets(plan)), f"drained and stopped {took:.1f} s after the load dropped "
+         f"({stopped.split(': ', 1)[1]})")
+    assert stats.failed == 0, f"scale-in failed requests: {stats.summary()}"
+    t_start = datetime.datetime.fromisoformat(started.split(" ", 1)[0])
+    t_stop = datetime.datetime.fromisoformat(stopped.split(" ", 1)[0])
+    assert (t_stop - t_start).total_seconds() >= COOLDOWN_S - 1, (started, stopped)  # not before the cool-down
+    assert d.on(standby, f"systemctl is-active {unit} || true", name=NAME).strip() == "inactive"
+    os.environ["M3_PLANNER_SINCE"] = since
+
+
 def _write(plan, control) -> None:
     if not ROWS:
         return
@@ -242,18 +287,25 @@ def _write(plan, control) -> None:
     standby = plan.group(planner.STANDBY_GROUP)[0].name
     commit = subprocess.run(["git", "-C", d.REPO, "describe", "--always", "--dirty"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    path = os.path.join(d.REPO, "benchmarks", "results", f"planner-{STARTED:%Y-%m-%d-%H%M}.md")
+    path = os.path.join(d.REPO, "benchmarks", "results",
+                        f"planner-{'dynamo-' if DYNAMO else ''}{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# The planner's decisions carried out ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_planner.py`: one 2-core machine "
              "shared with other helpers (`load`: its 1-minute load average), 1 control host + 1 mocker worker + 1 "
-             f"standby host, m3_planner = `{json.dumps(SETTING)}`, tests/e2e/load.py, no retries. Decisions "
-             "published through Dynamo's VirtualConnectorCoordinator by tests/e2e/planner_publish.py (the 1.6.1 "
-             "planner itself cannot start here: docs/PLANNER.md); TTFT p99 from the frontend's histogram (bucket "
-             "bound).", "",
+             f"standby host, m3_planner = `{json.dumps(SETTING)}`, tests/e2e/load.py (max_tokens {MAX_TOKENS}), no "
+             "retries. " + ("Decisions: Dynamo 1.6.1's own planner (`python -m dynamo.planner`, the m3-planner "
+                            "unit, M3_PLANNER_POLICY=dynamo)" if DYNAMO else "Decisions published through Dynamo's "
+                            "VirtualConnectorCoordinator by tests/e2e/planner_publish.py (the drill's, not a policy's)")
+             + "; TTFT p99 from the frontend's histogram (bucket bound).", "",
              "| phase | sent | ok | failed | TTFT p99 ms | notes |", "|---|---|---|---|---|---|"]
     for r in ROWS:
         s = r["stats"]
         lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['p99']:.0f} | {r['note']} |")
+    if DYNAMO:
+        said = d.on(control, f"journalctl -u {planner.PLANNER_UNIT} --no-pager -o cat --since '{since}' | "
+                    "sed 's/\x1b\\[[0-9;]*m//g' | grep -E 'SCALE_(UP|DOWN)|threshold' || true", name=NAME)
+        lines += ["", f"## Dynamo's planner: its scaling decisions (journalctl -u {planner.PLANNER_UNIT} on {control})",
+                  "", "```", *[x for x in said.splitlines() if x.strip()], "```"]
     lines += ["", f"## The actuator's decisions and actions (journalctl -u {planner.ACTUATOR_UNIT} on {control})", "",
               "```", *_journal(control, planner.ACTUATOR_UNIT, since), "```", "",
               f"## The standby agent's actions (journalctl -u {planner.AGENT_UNIT} on {standby})", "",

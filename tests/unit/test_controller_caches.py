@@ -80,6 +80,28 @@ def test_from_dir_builds_a_verified_wheelhouse_offline(tmp_path, monkeypatch, so
     assert any("--no-index --find-links" in m for m in logs), logs  # pip never asked an index
 
 
+def test_the_planners_host_gets_its_imports_and_a_clear_fix_without_them(tmp_path, monkeypatch, source):
+    """The planner's target (m3_planner planner='local'): aisimulate as the setting asks (ai-dynamo pins 0.13.0, on
+    NVIDIA's index) and the planner's other imports join REQUIREMENTS, in a wheelhouse of their own; a controller
+    that cannot get aisimulate stops with the fix before any host is touched."""
+    monkeypatch.setenv("M3DEPLOY_CACHE", str(tmp_path / "cache"))
+    artifacts._checked.clear()
+    target = artifacts.Target(extra=("aisimulate==0.13.0.dev1", "scikit-learn"))
+    with pytest.raises(artifacts.M3Error) as e:  # the source has neither yet
+        artifacts.ensure_wheelhouse(VERSION, source=source, target=target)
+    assert "m3_planner" in str(e.value) and "https://pypi.nvidia.com" in str(e.value) and "Fix:" in str(e.value)
+    assert artifacts.current_wheelhouse(VERSION, target) is None
+    make_wheel(source, "aisimulate", "0.13.0.dev1", ["numpy"])
+    make_wheel(source, "numpy", "2.1.0")
+    make_wheel(source, "scikit-learn", "1.9.1")
+    d = artifacts.ensure_wheelhouse(VERSION, source=source, target=target)
+    assert artifacts.read_requirements(d) == [f"ai-dynamo-runtime=={VERSION}", "msgspec>=0.1",
+                                              "aisimulate==0.13.0.dev1", "scikit-learn"]
+    assert {"aisimulate-0.13.0.dev1-py3-none-any.whl", "numpy-2.1.0-py3-none-any.whl"} <= set(artifacts.read_manifest(d))
+    plain = artifacts.ensure_wheelhouse(VERSION, source=source)  # the other hosts': without them, apart
+    assert plain.parent != d.parent and "aisimulate" not in " ".join(artifacts.read_manifest(plain))
+
+
 def test_processes_and_greenlets_at_once_build_once_and_all_succeed(tmp_path, source):
     """3 processes, each with 4 gevent greenlets (pyinfra's model), ask for the same cold wheelhouse at once."""
     env = {**os.environ, "M3DEPLOY_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}

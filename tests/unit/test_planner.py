@@ -183,6 +183,8 @@ def test_units_render_the_plans_argv():
     ({"m3_planner": {"max": 3}, "m3_disagg": {"prefill": {"workers": 1}, "decode": {"workers": 1}}}, 3, 1,
      "standby hosts for a pool are not supported"),
     ({}, 3, 1, "hosts ['w3'] are held in reserve only for the planner"),
+    ({"m3_planner": {"aisimulate": "numpy"}}, 3, 1, "is not a pip requirement of the aisimulate package"),
+    ({"m3_planner": {"aisimulate": "aisimulate; rm -rf /"}}, 3, 1, "is not a pip requirement of the aisimulate"),
 ])
 def test_bad_settings_are_refused_with_the_fix(data, n, standby, why):
     found = _problems(n, standby, data)
@@ -282,3 +284,19 @@ def test_an_idle_standby_worker_is_no_scrape_target():
     plan = build.build(_hosts(3, 1, {**SIM, "m3_planner": {"cooldown_s": 30}, "m3_monitor": True}), name="t")
     workers = {(t.host, t.service) for t in monitor.targets(plan) if t.job == "worker"}
     assert ("w1", "m3-worker@0") in workers and ("w3", "m3-worker@0") not in workers  # no M3WorkerDown while idle
+
+
+def test_only_the_planners_host_gets_the_planners_imports():
+    """Dynamo's planner imports what ai-dynamo 1.6.1's requirements leave out (found by starting it on the testbed):
+    the host that runs it gets a wheelhouse with them (its own cache directory), every other host the usual one."""
+    from m3deploy.controller import artifacts
+
+    plan = _plan(aisimulate="aisimulate==0.13.0.dev202610270000000085")
+    ctl = artifacts.host_target(plan, plan.host("c1"))
+    assert ctl.extra == ("aisimulate==0.13.0.dev202610270000000085", "scikit-learn", "prometheus-api-client",
+                         "pmdarima", "filterpy", "prophet")
+    assert ctl.suffix.startswith("-cp311-x86_64-planner-") and ctl.python == artifacts.HOSTS.python
+    assert all(artifacts.host_target(plan, plan.host(w)) == artifacts.HOSTS for w in ("w1", "w2", "w3"))
+    assert artifacts.host_target(_plan(), _plan().host("c1")).extra[0] == "aisimulate==0.13.0"  # ai-dynamo's pin
+    ext = _plan(planner="external")
+    assert all(artifacts.host_target(ext, h) == artifacts.HOSTS for h in ext.hosts)  # no planner process here
