@@ -290,7 +290,8 @@ def _write(plan, control) -> None:
     path = os.path.join(d.REPO, "benchmarks", "results",
                         f"planner-{'dynamo-' if DYNAMO else ''}{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# The planner's decisions carried out ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
-             "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_planner.py`: one 2-core machine "
+             f"`{'M3_PLANNER_POLICY=dynamo ' if DYNAMO else ''}python3 -m pytest -p no:cacheprovider -m drills "
+             "tests/e2e/test_drills_planner.py`: one 2-core machine "
              "shared with other helpers (`load`: its 1-minute load average), 1 control host + 1 mocker worker + 1 "
              f"standby host, m3_planner = `{json.dumps(SETTING)}`, tests/e2e/load.py (max_tokens {MAX_TOKENS}), no "
              "retries. " + ("Decisions: Dynamo 1.6.1's own planner (`python -m dynamo.planner`, the m3-planner "
