@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tbrun
 
 pytestmark = pytest.mark.e2e
 
 NAME = "m3ml"
 SUBNET = "10.101.0.0/24"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
 
 
 def tb(*args, timeout=300):
@@ -64,10 +59,10 @@ def lab(tmp_path_factory):
 
 def test_deploy_then_verify_under_the_files_name(lab):
     inventory, config, env = lab
-    r = subprocess.run([*_tool("pyinfra"), "-y", str(inventory), "deploy.py"], cwd=REPO, env=env,
+    r = subprocess.run([*tbrun.tool("pyinfra"), "-y", str(inventory), "deploy.py"], cwd=REPO, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-6000:]
-    v = subprocess.run([*_tool("m3deploy"), "verify", str(inventory), "--json"], cwd=REPO, env=env,
+    v = subprocess.run([*tbrun.tool("m3deploy"), "verify", str(inventory), "--json"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     doc = json.loads(v.stdout)
     failed = [c for c in doc["results"] if not c["ok"]]

@@ -16,10 +16,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import pytest
+import tbrun
 
 from m3deploy.testbed import core as testbed
 
@@ -35,22 +35,15 @@ POOLS = {"prefill": {"workers": 1}, "decode": {"workers": 1}}
 DATA = ("--data", "m3_disagg=" + json.dumps(POOLS, separators=(",", ":")))
 
 
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
-
-
 def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(NAME, host, cmd, timeout)
 
 
 @pytest.fixture(scope="module")
 def cluster():
     testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
     try:
-        res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
+        res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200, check=False)
         assert res.returncode == 0, res.stdout[-5000:]
         assert "answered a request routed to it" in res.stdout, res.stdout[-3000:]
@@ -72,7 +65,7 @@ def test_pools_run_on_separate_hosts(cluster):
 
 
 def test_verify_passes_with_the_disagg_checks(cluster):
-    res = subprocess.run([*_tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
                          capture_output=True, timeout=600, check=False)
     assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-2000:])
     results = {r["id"]: r for r in json.loads(res.stdout)["results"]}

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+import tbrun
 
 from load import Load, Stats
 from m3deploy.check import rollout
@@ -77,15 +78,7 @@ def on(host: str, cmd: str, timeout: float = 60, name: str = NAME) -> str:
 
 
 def _plan(env: dict = ENV):
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL")}
-    os.environ.update(M3_TESTBED=env["M3_TESTBED"], M3_TESTBED_CONTROL=env["M3_TESTBED_CONTROL"])
-    try:
-        return load_plan(os.path.join(REPO, INVENTORY), facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(env)
 
 
 def _cluster(name: str, subnet: str, n: int, env: dict):
@@ -115,8 +108,7 @@ def _write_results() -> None:
     if not RESULTS:
         return
     stamp = STARTED.strftime("%Y-%m-%d-%H%M")
-    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(REPO, "benchmarks", "results", f"drills-{stamp}.md")
     lines = [f"# Drills under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed "

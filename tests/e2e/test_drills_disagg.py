@@ -25,6 +25,7 @@ import sys
 import time
 
 import pytest
+import tbrun
 
 from load import Load, Stats
 from m3deploy.check import rollout
@@ -56,21 +57,11 @@ def pyinfra(pools: dict, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(NAME, host, cmd, timeout)
 
 
 def _plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL")}
-    os.environ.update(M3_TESTBED=NAME, M3_TESTBED_CONTROL="1")
-    try:
-        return load_plan(os.path.join(REPO, INVENTORY), [d for d in _data(POOLS) if d != "--data"], facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(ENV, _data(POOLS))
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +82,7 @@ def cluster():
 def _write_results() -> None:
     if not RESULTS:
         return
-    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, check=False).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(REPO, "benchmarks", "results", f"drills-disagg-{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# Disaggregated drills under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_disagg.py` on the local testbed "

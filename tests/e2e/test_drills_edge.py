@@ -27,16 +27,15 @@ import datetime
 import ipaddress
 import json
 import os
-import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+import tbrun
 
 from load import Load, Stats
 from m3deploy.testbed import config as tbconfig
@@ -60,13 +59,8 @@ RESULTS: list[dict] = []
 TIMEOUT_S = 20  # the load client's per-request timeout: a request on the lost host fails after it
 
 
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
-
-
 def deploy(timeout: int = 1500) -> subprocess.CompletedProcess:
-    res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     assert res.returncode == 0, res.stdout[-5000:]
     assert KEY not in res.stdout, "the key in pyinfra's output"
@@ -74,21 +68,11 @@ def deploy(timeout: int = 1500) -> subprocess.CompletedProcess:
 
 
 def plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3DEPLOY_CONFIG")}
-    os.environ.update({k: ENV[k] for k in old})
-    try:
-        return load_plan(os.path.join(REPO, INVENTORY), data=[d for d in DATA if d != "--data"], facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(ENV, DATA)
 
 
 def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(NAME, host, cmd, timeout)
 
 
 def _index(host: str) -> int:
@@ -121,7 +105,7 @@ def link(host: str, state: str) -> None:
 
 
 def verify() -> dict:
-    res = subprocess.run([*_tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
                          capture_output=True, timeout=600, check=False)
     assert KEY not in res.stdout + res.stderr
     doc = json.loads(res.stdout) if res.stdout.strip().startswith("{") else {"results": []}
@@ -153,8 +137,7 @@ def cluster():
 def _write_results() -> None:
     if not RESULTS:
         return
-    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, check=False).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(REPO, "benchmarks", "results", f"edge-vip-{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# The cluster's address (m3_vip) under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              ("`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_edge.py` on the local testbed "

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import time
 
 import pytest
+import tbrun
 import test_drills as d
 
 from m3deploy.check import rollout
@@ -57,8 +57,7 @@ def cluster():
 def _write(rows) -> None:
     if not rows:
         return
-    commit = subprocess.run(["git", "-C", d.REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(d.REPO, "benchmarks", "results", f"elastic-{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# Control-plane outages with m3_etcd_lease_ttl = {TTL} ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})",
              "", "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_elastic.py`: one 2-core "

@@ -32,6 +32,7 @@ import time
 import urllib.request
 
 import pytest
+import tbrun
 import test_drills as d
 
 from load import Load
@@ -66,15 +67,7 @@ ROWS: list[dict] = []
 
 
 def _plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3_TESTBED_STANDBY")}
-    os.environ.update({k: ENV[k] for k in old})
-    try:
-        return load_plan(os.path.join(d.REPO, d.INVENTORY), data=(DATA,), facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(ENV, (DATA,))
 
 
 class Publisher:
@@ -285,8 +278,7 @@ def _write(plan, control) -> None:
         return
     since = os.environ.get("M3_PLANNER_SINCE", STARTED.strftime("%Y-%m-%d %H:%M:%S"))
     standby = plan.group(planner.STANDBY_GROUP)[0].name
-    commit = subprocess.run(["git", "-C", d.REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(d.REPO, "benchmarks", "results",
                         f"planner-{'dynamo-' if DYNAMO else ''}{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# The planner's decisions carried out ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",

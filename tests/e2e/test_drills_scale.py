@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import pytest
+import tbrun
 import test_drills as d
 
 from m3deploy.check import rollout
@@ -57,19 +58,7 @@ def _env(hosts=(), **extra) -> dict:
 
 
 def _plan(env: dict):
-    from m3deploy.cli import load_plan
-
-    keys = ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3_TESTBED_HOSTS", "M3DEPLOY_CONFIG")
-    old = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ.pop(k, None)
-        if k in env:
-            os.environ[k] = env[k]
-    try:
-        return load_plan(os.path.join(d.REPO, d.INVENTORY), facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(env)
 
 
 def _cluster(env: dict) -> d.Cluster:
@@ -115,8 +104,7 @@ def lab():
 def _write() -> None:
     if not ROWS:
         return
-    commit = subprocess.run(["git", "-C", d.REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(d.REPO, "benchmarks", "results", f"scale-{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# Scale out and in by editing the inventory ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_scale.py`: one 2-core machine "

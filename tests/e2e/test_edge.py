@@ -20,16 +20,15 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+import tbrun
 
 from load import Load, Stats
 from m3deploy.testbed import core as testbed
@@ -58,13 +57,8 @@ def write_keys(*keys: str) -> None:
     os.replace(KEY_FILE + ".tmp", KEY_FILE)
 
 
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
-
-
 def deploy(timeout: int = 900) -> subprocess.CompletedProcess:
-    res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     assert res.returncode == 0, res.stdout[-5000:]
     assert KEY_A not in res.stdout and KEY_B not in res.stdout, "a key in pyinfra's output"
@@ -72,21 +66,11 @@ def deploy(timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 def plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3DEPLOY_CONFIG")}
-    os.environ.update({k: ENV[k] for k in old})
-    try:
-        return load_plan(os.path.join(REPO, INVENTORY), data=[d for d in DATA if d != "--data"], facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(ENV, DATA)
 
 
 def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(NAME, host, cmd, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +93,7 @@ def cluster():
 def _write_results() -> None:
     if not RESULTS:
         return
-    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, check=False).stdout.strip() or "unknown"
+    commit = tbrun.commit()
     path = os.path.join(REPO, "benchmarks", "results", f"edge-{STARTED:%Y-%m-%d-%H%M}.md")
     lines = [f"# The edge under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
              ("`python3 -m pytest -p no:cacheprovider -m e2e tests/e2e/test_edge.py` on the local testbed (one 2-core "
@@ -159,7 +142,7 @@ def under_load(p, ca: str, key: str, action, settle_s: float = 3.0) -> tuple[Sta
 
 # ------------------------------------------------------------------------------------------------ tests
 def test_verify_passes(cluster):
-    res = subprocess.run([*_tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
                          capture_output=True, timeout=600, check=False)
     assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-2000:])
     doc = json.loads(res.stdout)

@@ -17,6 +17,7 @@ import tempfile
 import urllib.request
 
 import pytest
+import tbrun
 
 from tbssh import ssh_to
 
@@ -29,11 +30,6 @@ CACHE = tempfile.mkdtemp(prefix="m3-e2e-engines-cache-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CACHE": CACHE,
        "M3DEPLOY_CONFIG": os.path.join(CACHE, "config")}
 ssh = ssh_to(NAME)
-
-
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
 
 
 def _run(args, timeout):
@@ -63,20 +59,20 @@ def testbed():
 @pytest.mark.parametrize("engine_type", ["sglang", "trtllm"])
 def test_deploy_and_verify_under_engine_type(testbed, engine_type):
     data = ["--data", f"m3_mocker_engine_type={engine_type}"]
-    run = _run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *data], timeout=900)
+    run = _run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *data], timeout=900)
     assert run.returncode == 0, run.stdout[-6000:]
     # the workers run the mocker as that engine
     for host in ("m3en-02", "m3en-03"):
         unit = ssh(host, "cat /etc/systemd/system/m3-worker@0.service").stdout
         assert f"--engine-type {engine_type}" in unit, unit
-    res = _run([*_tool("m3deploy"), "verify", INVENTORY, *data], timeout=300)
+    res = _run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *data], timeout=300)
     assert res.returncode == 0, f"m3deploy verify exited {res.returncode}:\n{res.stdout[-8000:]}"
     # routing (session affinity/spread) and the parsers (reasoning split, a tool call) are verify's smoke checks
     for check in ("smoke/session-affinity", "smoke/session-spread", "smoke/reasoning-split", "smoke/tool-call"):
         assert check in res.stdout, f"{check} did not run:\n{res.stdout[-4000:]}"
     # KV events: the router learns each worker's cached blocks from them, so one long prompt sent again and again
     # (no session header) keeps landing on the worker that holds its prefix (nvext.worker_id, as smoke reads it)
-    plan = json.loads(_run([*_tool("m3deploy"), "plan", INVENTORY, "--json", *data], timeout=60).stdout)
+    plan = json.loads(_run([*tbrun.tool("m3deploy"), "plan", INVENTORY, "--json", *data], timeout=60).stdout)
     prompt = " ".join(f"token{i}" for i in range(700))
     body = json.dumps({"model": plan["served_model_name"], "max_tokens": 4, "nvext": {"extra_fields": ["worker_id"]},
                        "messages": [{"role": "user", "content": prompt}]}).encode()

@@ -24,13 +24,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
+import tbrun
 
 from m3deploy.testbed import core as testbed
 
@@ -81,27 +80,12 @@ print("ANSWERED 200" if b" 200 " in got.split(b"\r\n", 1)[0] else "NO 200", got[
 """
 
 
-def _tool(name: str) -> list[str]:
-    exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
-
-
 def plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL", "M3DEPLOY_CONFIG")}
-    os.environ.update({k: ENV[k] for k in old})
-    try:
-        return load_plan(os.path.join(REPO, INVENTORY), data=[d for d in DATA if d != "--data"], facts=False)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return tbrun.plan(ENV, DATA)
 
 
 def on(host: str, cmd: str, timeout: float = 60) -> str:
-    res = testbed.run_on(NAME, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(NAME, host, cmd, timeout)
 
 
 def py(host: str, script: str, *args) -> str:
@@ -114,7 +98,7 @@ def py(host: str, script: str, *args) -> str:
 def cluster():
     testbed.up(4, name=NAME, subnet=SUBNET, options=("net-admin",) if VIP_ON else (), log=lambda *a, **k: None)
     try:
-        res = subprocess.run([*_tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
+        res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1500, check=False)
         assert res.returncode == 0, res.stdout[-5000:]
         assert "PRIVATE KEY" not in res.stdout, "a private key in pyinfra's output"
@@ -129,7 +113,7 @@ def _svc(p, kind):
 
 
 def test_verify_passes_with_tls_checks(cluster):
-    res = subprocess.run([*_tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
                          capture_output=True, timeout=600, check=False)
     doc = json.loads(res.stdout)
     bad = [(r["id"], r["evidence"]) for r in doc["results"] if not r["ok"]]
