@@ -1,12 +1,15 @@
 """What the e2e modules run against their testbed the way a user would: the CLI tools, a command on a host, the plan
-of the testbed inventory under a module's environment, and the commit a results file names. Shared by the e2e
-modules (imported as `from tbrun import ...`, like tbssh.py and load.py)."""
+of the testbed inventory under a module's environment, and the commit a results file names; `Testbed`, a module's
+own testbed (its name, subnet, host count and environment: what conftest.py's `testbed_up` brings up and down) with
+its `pyinfra -y ... deploy.py` and `m3deploy ...` runs. Shared by the e2e modules (imported as `from tbrun import
+...`, like tbssh.py and load.py)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 
 from m3deploy.testbed import core as testbed
 
@@ -51,3 +54,81 @@ def commit() -> str:
     """The checkout's commit, `-dirty` when it has changes (what a results file says it measured)."""
     return subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True, text=True,
                           check=False).stdout.strip() or "unknown"
+
+
+def keep() -> bool:
+    """M3_E2E_KEEP=1: a module leaves its testbed (and its controller-side scratch) as it is after its tests."""
+    return bool(os.environ.get("M3_E2E_KEEP"))
+
+
+def testbed_cli(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`m3deploy testbed ARGS` (the testbed's CLI, from the repository root); with check, a non-zero exit fails the
+    test with the arguments and the output."""
+    res = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], capture_output=True, text=True,
+                         cwd=REPO, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def pyinfra_argv(*data: str, inventory: str = INVENTORY, script: str = "deploy.py") -> list[str]:
+    """`pyinfra -y INVENTORY SCRIPT DATA...`, the deploy's command line as a user types it."""
+    return [*tool("pyinfra"), "-y", inventory, script, *data]
+
+
+@dataclass(eq=False)
+class Testbed:
+    """An e2e module's own testbed (each module's docstring names it) and what runs against it.
+
+    `m3deploy testbed up HOSTS --name NAME --subnet SUBNET` with the hosts' `options` ("docker", "net-admin");
+    `env`: the environment pyinfra and m3deploy run under (default: os.environ with M3_TESTBED=NAME,
+    M3_TESTBED_CONTROL=1). `cli`: brought up and down through the testbed's CLI in a subprocess, after a `down` of
+    what an interrupted run left (else by m3deploy.testbed.core in the test process, which finds a testbed kept by
+    M3_E2E_KEEP=1 as it was). `tools`: what else the module needs on PATH, each with its fix. `scratch`: the
+    module's controller-side directories (a cache, a config), removed with the testbed."""
+    name: str
+    subnet: str
+    hosts: int
+    env: dict | None = None
+    options: tuple[str, ...] = ()
+    cli: bool = False
+    tools: dict[str, str] = field(default_factory=dict)
+    scratch: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.env is None:
+            self.env = {**os.environ, "M3_TESTBED": self.name, "M3_TESTBED_CONTROL": "1"}
+
+    def deploy(self, *data: str, inventory: str = INVENTORY, script: str = "deploy.py", timeout: float = 900,
+               env: dict | None = None) -> subprocess.CompletedProcess:
+        """`pyinfra -y INVENTORY SCRIPT DATA...` from the repository root under `env` (default: the testbed's);
+        its stdout and stderr together in .stdout, whatever its exit."""
+        return subprocess.run(pyinfra_argv(*data, inventory=inventory, script=script), cwd=REPO,
+                              env=self.env if env is None else env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
+
+    def deploy_ok(self, *data: str, **kw) -> subprocess.CompletedProcess:
+        """deploy(), which must exit 0 (else the test fails with the end of its output)."""
+        res = self.deploy(*data, **kw)
+        assert res.returncode == 0, f"the deploy exited {res.returncode}:\n{res.stdout[-6000:]}"
+        return res
+
+    def m3deploy(self, *args: str, timeout: float = 600, merge: bool = False,
+                 env: dict | None = None) -> subprocess.CompletedProcess:
+        """`m3deploy ARGS` from the repository root under `env` (default: the testbed's), whatever its exit;
+        merge: its stderr in .stdout too."""
+        return subprocess.run([*tool("m3deploy"), *args], cwd=REPO, env=self.env if env is None else env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                              timeout=timeout, check=False)
+
+    def verify(self, *args: str, inventory: str = INVENTORY, **kw) -> subprocess.CompletedProcess:
+        """`m3deploy verify INVENTORY ARGS` (m3deploy()'s keywords), whatever its exit."""
+        return self.m3deploy("verify", inventory, *args, **kw)
+
+    def on(self, host: str, cmd: str, timeout: float = 60) -> str:
+        """on() this testbed's `host`."""
+        return on(self.name, host, cmd, timeout)
+
+    def plan(self, data=()):
+        """plan() under this testbed's environment."""
+        return plan(self.env, data)

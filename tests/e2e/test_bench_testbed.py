@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 
 import pytest
+import tbrun
 
 from tbssh import ssh_to, state_dir
 
@@ -34,49 +33,25 @@ SUBNET = "10.83.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = state_dir(NAME)
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, cli=True, tools={"aiperf": "bash scripts/install-deps.sh --bench"})
 WORKLOAD = ["--profile", "custom", "--input-len", "256", "--output-len", "64", "--num-prompts", "24",
             "--concurrency", "4"]
 PNG = b"\x89PNG\r\n\x1a\n"
 EXAMPLES = os.path.join(REPO, "benchmarks", "results", "bench-testbed")
 
 
-def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def _testbed(*args):
-    res = _run([sys.executable, "-m", "m3deploy.testbed.cli", *args], timeout=600)
-    if res.returncode != 0:
-        raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-
-
 def m3bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "m3deploy.cli", "bench", "inventories/testbed.py", *args], timeout=timeout)
+    return TB.m3deploy("bench", "inventories/testbed.py", *args, timeout=timeout)
 
 
 ssh = ssh_to(NAME)
 
 
 @pytest.fixture(scope="module")
-def bench_testbed():
+def bench_testbed(testbed_up):
     """A deployed 3-host testbed (1 control, 2 mocker workers), brought down at the end of the module."""
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng", "aiperf"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} missing: bash scripts/install-deps.sh --bench")
-    _testbed("down", "--name", NAME)  # a leftover of an interrupted run
-    _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
-    try:  # down even when the deploy fails: no testbed is left behind
-        pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-        t0 = time.monotonic()
-        res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py"], timeout=1200)
-        assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
-        print(f"deploy: {time.monotonic() - t0:.0f} s")
+    with testbed_up(TB, deploy=(), timeout=1200):
         yield NAME
-    finally:
-        if os.environ.get("M3_E2E_KEEP") != "1":
-            _testbed("down", "--name", NAME)
 
 
 RUNS: dict[str, str] = {}

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +23,12 @@ pytestmark = pytest.mark.e2e
 NAME = "m3ml"
 SUBNET = "10.101.0.0/24"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def tb(*args, timeout=300):
-    r = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], capture_output=True, text=True,
-                       cwd=REPO, timeout=timeout)
-    assert r.returncode == 0, f"testbed {args}: {r.stdout}{r.stderr}"
+TB = tbrun.Testbed(NAME, SUBNET, 3, {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1",
+                                     "PYTHONUNBUFFERED": "1"}, cli=True)
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
+def lab(tmp_path_factory, testbed_up):
     root = tmp_path_factory.mktemp("mylab")
     (root / "inventories" / "group_data").mkdir(parents=True)
     inventory = root / "inventories" / "mylab.py"
@@ -48,22 +40,16 @@ def lab(tmp_path_factory):
     assert "m3_cluster" not in group_data
     (root / "inventories" / "group_data" / "mylab.py").write_text(group_data)
     config = root / "config"
-    env = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": str(config),
-           "PYTHONUNBUFFERED": "1"}
-    tb("down", "--name", NAME)
-    tb("up", "3", "--name", NAME, "--subnet", SUBNET)
-    yield inventory, config, env
-    if not os.environ.get("M3_E2E_KEEP"):
-        tb("down", "--name", NAME)
+    env = {**TB.env, "M3DEPLOY_CONFIG": str(config)}
+    with testbed_up(TB):
+        yield inventory, config, env
 
 
 def test_deploy_then_verify_under_the_files_name(lab):
     inventory, config, env = lab
-    r = subprocess.run([*tbrun.tool("pyinfra"), "-y", str(inventory), "deploy.py"], cwd=REPO, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+    r = TB.deploy(inventory=str(inventory), timeout=1500, env=env)
     assert r.returncode == 0, r.stdout[-6000:]
-    v = subprocess.run([*tbrun.tool("m3deploy"), "verify", str(inventory), "--json"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
+    v = TB.verify("--json", inventory=str(inventory), timeout=600, env=env)
     doc = json.loads(v.stdout)
     failed = [c for c in doc["results"] if not c["ok"]]
     assert (v.returncode, doc["cluster"], doc["failed"]) == (0, "mylab", 0), f"{failed}\n{v.stderr[-3000:]}"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+import tbrun
 
 from tbssh import ssh_to, state_dir
 
@@ -49,6 +49,7 @@ INVENTORY = "inventories/testbed.py"
 COLD_CACHE = tempfile.mkdtemp(prefix="m3-e2e-cold-cache-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CACHE": COLD_CACHE,
        "M3DEPLOY_CONFIG": os.path.join(COLD_CACHE, "config")}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, cli=True, scratch=(COLD_CACHE,))
 VENV = "/opt/m3/dynamo-1.6.1"
 WHEELHOUSE = "/opt/m3/wheelhouse/dynamo-1.6.1"
 MODEL_DIR = "/var/lib/m3/models/mock-minimax-m3"
@@ -57,14 +58,6 @@ WORKER_UNIT = "m3-worker@0.service"
 ROLL_OP = "Roll the workers | Roll the changed workers, one engine instance at a time"
 ROLLED_W2 = f"rolled worker 1 ({W2}/m3-worker@0)"
 WORKER_ENV_OP = "Deploy the workers | Render /etc/m3/m3-worker@0.env"
-
-
-def _tool(name: str) -> list[str]:
-    """The console script as a user runs it; `python -m` when it is not on PATH."""
-    exe = shutil.which(name)
-    if exe:
-        return [exe]
-    return [sys.executable, "-m", {"pyinfra": "pyinfra", "m3deploy": "m3deploy.cli"}[name]]
 
 
 # ------------------------------------------------------------------------------------------ pyinfra runs
@@ -123,11 +116,9 @@ class Run:
 
 
 def pyinfra(*extra: str, inventory: str = INVENTORY, timeout: int = 300) -> Run:
-    args = [*_tool("pyinfra"), "-y", inventory, "deploy.py", *extra]
     t0 = time.monotonic()
-    res = subprocess.run(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=timeout)
-    return Run(args, res.returncode, res.stdout, time.monotonic() - t0)
+    res = TB.deploy(*extra, inventory=inventory, timeout=timeout)
+    return Run(res.args, res.returncode, res.stdout, time.monotonic() - t0)
 
 
 def deploy_ok(*extra: str, **kw) -> Run:
@@ -138,8 +129,7 @@ def deploy_ok(*extra: str, **kw) -> Run:
 
 
 def verify(inventory: str = INVENTORY, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*_tool("m3deploy"), "verify", inventory, *extra], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=180)
+    return TB.verify(*extra, inventory=inventory, timeout=180)
 
 
 def assert_verify_passes(inventory: str = INVENTORY):
@@ -154,8 +144,7 @@ ssh = ssh_to(NAME)
 
 def plan_units() -> dict[str, list[str]]:
     """host -> the systemd units the plan puts there (from `m3deploy plan --json`, nothing hard-coded)."""
-    res = subprocess.run([*_tool("m3deploy"), "plan", INVENTORY, "--json"], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=60)
+    res = TB.m3deploy("plan", INVENTORY, "--json", timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     return {h: [s["unit"] for s in v["services"]] for h, v in json.loads(res.stdout)["hosts"].items()}
 
@@ -214,27 +203,10 @@ def diff(before: dict, after: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ the testbed
-def _testbed_cli(*args, check=True):
-    res = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
-    if check and res.returncode != 0:
-        raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
-
-
 @pytest.fixture(scope="module")
-def testbed():
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
-    _testbed_cli("down", "--name", NAME)  # a leftover of an interrupted run
-    _testbed_cli("up", "3", "--name", NAME, "--subnet", SUBNET)
-    yield NAME
-    if os.environ.get("M3_E2E_KEEP") != "1":
-        _testbed_cli("down", "--name", NAME, check=False)
-        shutil.rmtree(COLD_CACHE, ignore_errors=True)
+def testbed(testbed_up):
+    with testbed_up(TB):
+        yield NAME
 
 
 COLD: dict[str, Run] = {}
@@ -256,7 +228,7 @@ def test_cold_deploy_then_verify_passes(testbed):
     """From an empty controller cache, with `m3deploy artifacts` building the same artifacts in a second
     process at the same time (pyinfra's greenlets + another process: m3deploy.controller.cachelock)."""
     assert not [p for p in os.listdir(COLD_CACHE) if p != "config"], "the controller cache is not cold"
-    side = subprocess.Popen([*_tool("m3deploy"), "artifacts", INVENTORY], cwd=REPO, env=ENV, text=True,
+    side = subprocess.Popen([*tbrun.tool("m3deploy"), "artifacts", INVENTORY], cwd=REPO, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     run = pyinfra(timeout=900)
     side_out = side.communicate(timeout=900)[0]
@@ -302,8 +274,7 @@ def test_render_is_what_the_deploy_wrote(deployed, tmp_path):
     file it writes has the host file's sha256, mode and owner; a secret (masked) one exists with its mode and
     owner; the nats-server mask is that link. One ssh per host."""
     out = tmp_path / "render"
-    res = subprocess.run([*_tool("m3deploy"), "render", INVENTORY, str(out)], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=120)
+    res = TB.m3deploy("render", INVENTORY, str(out), timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     for h in HOSTS:
         entries = json.loads((out / f"{h}.json").read_text())["files"]
@@ -342,8 +313,7 @@ def _worker_env(host: str) -> str:
 def test_one_workers_env_change_restarts_only_that_worker(deployed, tmp_path):
     inv = _inventory_with_worker_env(tmp_path, W2, {"NCCL_DEBUG": "INFO"})
     # the plan really applies it to that one host
-    res = subprocess.run([*_tool("m3deploy"), "plan", inv, "--json"], cwd=REPO, env=ENV, capture_output=True,
-                         text=True, timeout=60)
+    res = TB.m3deploy("plan", inv, "--json", timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     envs = {h: v["services"][0]["env"] for h, v in json.loads(res.stdout)["hosts"].items() if h in (W1, W2)}
     assert envs[W2].get("NCCL_DEBUG") == "INFO" and "NCCL_DEBUG" not in envs[W1], envs

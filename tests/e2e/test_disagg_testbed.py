@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 
 import pytest
@@ -27,31 +25,19 @@ pytestmark = pytest.mark.e2e
 
 NAME = os.environ.get("M3_DISAGG_TESTBED", "m3pd")
 SUBNET = os.environ.get("M3_DISAGG_SUBNET", "10.120.0.0/24")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-disagg-config-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": CONFIG}
 POOLS = {"prefill": {"workers": 1}, "decode": {"workers": 1}}
 DATA = ("--data", "m3_disagg=" + json.dumps(POOLS, separators=(",", ":")))
-
-
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    return tbrun.on(NAME, host, cmd, timeout)
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, scratch=(CONFIG,))
+on = TB.on
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    try:
-        res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200, check=False)
-        assert res.returncode == 0, res.stdout[-5000:]
-        assert "answered a request routed to it" in res.stdout, res.stdout[-3000:]
-        yield res.stdout
-    finally:
-        if not os.environ.get("M3_E2E_KEEP"):
-            testbed.down(name=NAME, log=lambda *a, **k: None)
-        shutil.rmtree(CONFIG, ignore_errors=True)
+def cluster(testbed_up):
+    with testbed_up(TB, deploy=DATA, timeout=1200) as up:
+        assert "answered a request routed to it" in up.deploy.stdout, up.deploy.stdout[-3000:]
+        yield up.deploy.stdout
 
 
 def test_pools_run_on_separate_hosts(cluster):
@@ -65,8 +51,7 @@ def test_pools_run_on_separate_hosts(cluster):
 
 
 def test_verify_passes_with_the_disagg_checks(cluster):
-    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
-                         capture_output=True, timeout=600, check=False)
+    res = TB.verify(*DATA, "--json", timeout=600)
     assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-2000:])
     results = {r["id"]: r for r in json.loads(res.stdout)["results"]}
     for cid in ("disagg/instances", "disagg/request", "disagg/stream", "disagg/kv-router", "smoke/routable"):

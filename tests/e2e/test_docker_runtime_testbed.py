@@ -27,10 +27,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
+import tbrun
 
 from tbssh import ssh_to, state_dir
 
@@ -39,7 +39,6 @@ pytestmark = pytest.mark.e2e
 NAME = "m3dkr"
 SUBNET = "10.92.0.0/24"
 CONTROL, W1, W2 = "m3dkr-01", "m3dkr-02", "m3dkr-03"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = state_dir(NAME)
 INVENTORY = "inventories/testbed.py"
 IMAGE = "m3deploy/sim-engine:1.6.1"
@@ -56,14 +55,14 @@ DATA = [*REPOS, "--data", f"m3_image_archive_dir={ARCHIVES}"]
 CONFIG = f"/tmp/m3-e2e-{NAME}-config"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "DOCKER_HOST": DOCKER_HOST,
        "M3DEPLOY_CONFIG": CONFIG}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, options=("docker",), cli=True, scratch=(CONFIG,))
 TOTAL = re.compile(r"^\s{4}Grand total\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", re.M)
 NATIVE = ("etcd", "nats", "m3-frontend")
 CONTAINERS = {W1: ("m3-worker@0", "m3-scripted"), W2: ("m3-worker@0",)}
 
 
 def _cli(*args, timeout=600, check=True):
-    res = subprocess.run([sys.executable, "-m", "m3deploy.cli", *args], cwd=REPO, env=ENV, capture_output=True,
-                         text=True, timeout=timeout)
+    res = TB.m3deploy(*args, timeout=timeout)
     if check:
         assert res.returncode == 0, f"m3deploy {' '.join(args)} exited {res.returncode}:\n{res.stdout[-4000:]}" \
                                     f"\n{res.stderr[-3000:]}"
@@ -79,8 +78,7 @@ def docker(*args, check=True, timeout=600):
 
 def deploy(*extra) -> tuple[int, str, int]:
     """(exit code, output, changed ops from pyinfra's Grand total)."""
-    res = subprocess.run(["pyinfra", "-y", INVENTORY, "deploy.py", *DATA, *extra], cwd=REPO, env=ENV,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=590)
+    res = TB.deploy(*DATA, *extra, timeout=590)
     m = TOTAL.search(res.stdout)
     assert res.returncode == 0 and m, f"deploy exited {res.returncode}:\n{res.stdout[-5000:]}"
     assert m[3] == "-", f"failed operations:\n{res.stdout[-5000:]}"
@@ -128,18 +126,10 @@ def controller_docker():
 
 
 @pytest.fixture(scope="module")
-def testbed(controller_docker):
-    subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", "down", "--name", NAME], cwd=REPO,
-                   capture_output=True, timeout=300)
-    res = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", "up", "3", "--name", NAME, "--subnet",
-                          SUBNET, "--docker"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    shutil.rmtree(CONFIG, ignore_errors=True)
-    yield NAME
-    if os.environ.get("M3_E2E_KEEP") != "1":
-        subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", "down", "--name", NAME], cwd=REPO,
-                       capture_output=True, timeout=300)
-        shutil.rmtree(CONFIG, ignore_errors=True)
+def testbed(controller_docker, testbed_up):
+    with testbed_up(TB):
+        shutil.rmtree(CONFIG, ignore_errors=True)  # a kept run's
+        yield NAME
 
 
 STEP: dict[str, object] = {}

@@ -20,10 +20,8 @@ import datetime
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
@@ -46,6 +44,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 INVENTORY = "inventories/testbed.py"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
 HA_ENV = {**os.environ, "M3_TESTBED": HA_NAME, "M3_TESTBED_CONTROL": "3"}
+TB = tbrun.Testbed(NAME, SUBNET, 4, ENV)
+HA_TB = tbrun.Testbed(HA_NAME, HA_SUBNET, 6, HA_ENV)
 RECOVER_S = 10.0  # a killed worker is routable again within this (issue 12)
 LOAD_TIMEOUT_S = 30.0  # the load client's per-request timeout (tests/e2e/load.py --timeout-s default)
 RESULTS: list[dict] = []
@@ -62,42 +62,30 @@ class Cluster:
 
 
 def pyinfra(*extra: str, timeout: int = 400, env: dict = ENV) -> subprocess.CompletedProcess:
-    return subprocess.run(pyinfra_argv(*extra), cwd=REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-
-
-def pyinfra_argv(*extra: str) -> list[str]:
-    exe = shutil.which("pyinfra")
-    return [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", INVENTORY, "deploy.py", *extra]
+    return TB.deploy(*extra, timeout=timeout, env=env)
 
 
 def on(host: str, cmd: str, timeout: float = 60, name: str = NAME) -> str:
-    res = testbed.run_on(name, host, cmd, timeout=timeout)
-    assert res.returncode == 0, f"{host}: {cmd!r} failed ({res.returncode}): {res.stdout}{res.stderr}"
-    return res.stdout
+    return tbrun.on(name, host, cmd, timeout)
 
 
 def _plan(env: dict = ENV):
     return tbrun.plan(env)
 
 
-def _cluster(name: str, subnet: str, n: int, env: dict):
-    testbed.up(n, name=name, subnet=subnet, log=lambda *a, **k: None)
-    res = pyinfra(env=env, timeout=900)
-    assert res.returncode == 0, res.stdout[-4000:]
-    plan = _plan(env)
-    heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
-    c = Cluster(plan, frontend_url(plan, "/health"), heads, plan.group("control")[0].name,
-                [k.split("/")[0] for k in heads], env)
-    yield c
-    _write_results()
-    if not os.environ.get("M3_E2E_KEEP"):
-        testbed.down(name=name, log=lambda *a, **k: None)
+def _cluster(tb: tbrun.Testbed, testbed_up):
+    with testbed_up(tb, deploy=(), timeout=900):
+        plan = _plan(tb.env)
+        heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
+        c = Cluster(plan, frontend_url(plan, "/health"), heads, plan.group("control")[0].name,
+                    [k.split("/")[0] for k in heads], tb.env)
+        yield c
+        _write_results()
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    yield from _cluster(NAME, SUBNET, 4, ENV)
+def cluster(testbed_up):
+    yield from _cluster(TB, testbed_up)
 
 
 STARTED = datetime.datetime.now(datetime.timezone.utc)
@@ -455,9 +443,9 @@ CONTROLLER_SIDE = ("Roll the workers", "Check the cluster is serving", "Record t
 
 
 @pytest.fixture(scope="module")
-def ha():
+def ha(testbed_up):
     """3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 mocker workers."""
-    yield from _cluster(HA_NAME, HA_SUBNET, 6, HA_ENV)
+    yield from _cluster(HA_TB, testbed_up)
 
 
 def _tb_host(host: str) -> dict:
@@ -603,7 +591,7 @@ def test_host_lost_mid_deploy_converges_on_a_rerun(ha):
     files: the deploy stops; the others keep serving; after the host is back a re-run converges: every worker
     runs its current files and the hosts that were right see 0 changes."""
     lost = ha.workers[-1]
-    proc = subprocess.Popen(pyinfra_argv("--data", "m3_mocker_speedup_ratio=8"), cwd=REPO, env=ha.env,
+    proc = subprocess.Popen(tbrun.pyinfra_argv("--data", "m3_mocker_speedup_ratio=8"), cwd=REPO, env=ha.env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, cut = [], []
 

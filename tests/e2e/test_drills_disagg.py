@@ -19,9 +19,7 @@ import datetime
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 
 import pytest
@@ -30,15 +28,14 @@ import tbrun
 from load import Load, Stats
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, instance_services, metrics_url, worker_pools
-from m3deploy.testbed import core as testbed
 
 pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 
 NAME = os.environ.get("M3_DISAGG_DRILLS_TESTBED", "m3pd2")
 SUBNET = os.environ.get("M3_DISAGG_DRILLS_SUBNET", "10.121.0.0/24")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = "inventories/testbed.py"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+TB = tbrun.Testbed(NAME, SUBNET, 5, ENV)
 POOLS = {"prefill": {"workers": 2}, "decode": {"workers": 2}}
 RECOVER_S = 15.0
 STARTED = datetime.datetime.now(datetime.timezone.utc)
@@ -50,33 +47,25 @@ def _data(pools: dict) -> list[str]:
 
 
 def pyinfra(pools: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    exe = shutil.which("pyinfra")
-    argv = [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", INVENTORY, "deploy.py", *_data(pools)]
-    return subprocess.run(argv, cwd=REPO, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout)
+    return TB.deploy(*_data(pools), timeout=timeout)
 
 
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    return tbrun.on(NAME, host, cmd, timeout)
+on = TB.on
 
 
 def _plan():
-    return tbrun.plan(ENV, _data(POOLS))
+    return TB.plan(_data(POOLS))
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    testbed.up(5, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    try:
-        res = pyinfra(POOLS)
-        assert res.returncode == 0, res.stdout[-4000:]
-        plan = _plan()
-        heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
-        yield {"plan": plan, "health": frontend_url(plan, "/health"), "heads": heads, "pools": worker_pools(plan)}
-    finally:
-        _write_results()
-        if not os.environ.get("M3_E2E_KEEP"):
-            testbed.down(name=NAME, log=lambda *a, **k: None)
+def cluster(testbed_up):
+    with testbed_up(TB, deploy=_data(POOLS), timeout=900):
+        try:
+            plan = _plan()
+            heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
+            yield {"plan": plan, "health": frontend_url(plan, "/health"), "heads": heads, "pools": worker_pools(plan)}
+        finally:
+            _write_results()
 
 
 def _write_results() -> None:

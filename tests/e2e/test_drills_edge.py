@@ -39,7 +39,6 @@ import tbrun
 
 from load import Load, Stats
 from m3deploy.testbed import config as tbconfig
-from m3deploy.testbed import core as testbed
 
 pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 
@@ -48,31 +47,29 @@ SUBNET = os.environ.get("M3_VIP_SUBNET", "10.150.0.0/24")
 NET = ipaddress.ip_network(SUBNET)
 VIP = f"{NET[200]}/{NET.prefixlen}"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-vip-config-")
 KEY_FILE = os.path.join(CONFIG, "api.keys")
 KEY = "m3k-vip-drill-" + os.urandom(8).hex()
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "3", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
 DATA = ("--data", "m3_edge=true", "--data", f"m3_api_key_file={KEY_FILE}", "--data", f"m3_vip={VIP}")
+TB = tbrun.Testbed(NAME, SUBNET, 5, ENV, options=("net-admin",))
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 RESULTS: list[dict] = []
 TIMEOUT_S = 20  # the load client's per-request timeout: a request on the lost host fails after it
 
 
 def deploy(timeout: int = 1500) -> subprocess.CompletedProcess:
-    res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    res = TB.deploy(*DATA, timeout=timeout)
     assert res.returncode == 0, res.stdout[-5000:]
     assert KEY not in res.stdout, "the key in pyinfra's output"
     return res
 
 
 def plan():
-    return tbrun.plan(ENV, DATA)
+    return TB.plan(DATA)
 
 
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    return tbrun.on(NAME, host, cmd, timeout)
+on = TB.on
 
 
 def _index(host: str) -> int:
@@ -105,8 +102,7 @@ def link(host: str, state: str) -> None:
 
 
 def verify() -> dict:
-    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
-                         capture_output=True, timeout=600, check=False)
+    res = TB.verify(*DATA, "--json", timeout=600)
     assert KEY not in res.stdout + res.stderr
     doc = json.loads(res.stdout) if res.stdout.strip().startswith("{") else {"results": []}
     return {"rc": res.returncode, "ok": {r["id"]: r["ok"] for r in doc["results"]},
@@ -115,23 +111,22 @@ def verify() -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(testbed_up):
     fd = os.open(KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(KEY + "\n")
-    testbed.up(5, name=NAME, subnet=SUBNET, options=("net-admin",), log=lambda *a, **k: None)
-    try:
-        deploy()
-        p = plan()
-        assert p.endpoint == f"https://{VIP.split('/')[0]}:8443/v1", p.endpoint
-        ca = os.path.join(ENV["M3DEPLOY_CONFIG"], p.name, "ca.pem")
-        yield p, ca
-    finally:
-        _write_results()
-        if not os.environ.get("M3_E2E_KEEP"):
-            for h in ("01", "02", "03"):  # a failed drill must not leave a link down for the teardown
-                subprocess.run(["ip", "link", "set", f"{NAME}-v{int(h)}", "up"], capture_output=True, check=False)
-            testbed.down(name=NAME, log=lambda *a, **k: None)
+    with testbed_up(TB):
+        try:
+            deploy()
+            p = plan()
+            assert p.endpoint == f"https://{VIP.split('/')[0]}:8443/v1", p.endpoint
+            ca = os.path.join(ENV["M3DEPLOY_CONFIG"], p.name, "ca.pem")
+            yield p, ca
+        finally:
+            _write_results()
+            if not tbrun.keep():
+                for h in ("01", "02", "03"):  # a failed drill must not leave a link down for the teardown
+                    subprocess.run(["ip", "link", "set", f"{NAME}-v{int(h)}", "up"], capture_output=True, check=False)
 
 
 def _write_results() -> None:

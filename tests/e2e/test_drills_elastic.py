@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 NAME = os.environ.get("M3_ELASTIC_TESTBED", "m3el")
 SUBNET = os.environ.get("M3_ELASTIC_SUBNET", "10.130.0.0/24")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV)
 TTL = 120
 ROUTING_S = 10.0  # full routing within this after etcd returns
 DEAD_GONE_S = 2.0  # a SIGKILLed worker leaves the frontend's /health within this
@@ -35,23 +36,19 @@ STARTED = datetime.datetime.now(datetime.timezone.utc)
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    res = d.pyinfra("--data", f"m3_etcd_lease_ttl={TTL}", env=ENV, timeout=900)
-    assert res.returncode == 0, res.stdout[-4000:]
-    plan = d._plan(ENV)
-    assert dict(plan.settings).get("m3_etcd_lease_ttl") is None  # the inventory's own plan: the TTL came from --data
-    heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
-    c = d.Cluster(plan, frontend_url(plan, "/health"), heads, plan.group("control")[0].name,
-                  [k.split("/")[0] for k in heads], ENV)
-    for h in [c.control, *c.workers]:  # the deploy wrote it into every Dynamo process's env file
-        out = testbed.run_on(NAME, h, "grep -h ^ETCD_LEASE_TTL= /etc/m3/m3-*.env").stdout
-        assert f"ETCD_LEASE_TTL={TTL}" in out, (h, out)
-    n = len(d.RESULTS)
-    yield c
-    _write(d.RESULTS[n:])
-    if not os.environ.get("M3_E2E_KEEP"):
-        testbed.down(name=NAME, log=lambda *a, **k: None)
+def cluster(testbed_up):
+    with testbed_up(TB, deploy=("--data", f"m3_etcd_lease_ttl={TTL}"), timeout=900):
+        plan = d._plan(ENV)
+        assert dict(plan.settings).get("m3_etcd_lease_ttl") is None  # the inventory's own plan: the TTL came from --data
+        heads = {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
+        c = d.Cluster(plan, frontend_url(plan, "/health"), heads, plan.group("control")[0].name,
+                      [k.split("/")[0] for k in heads], ENV)
+        for h in [c.control, *c.workers]:  # the deploy wrote it into every Dynamo process's env file
+            out = testbed.run_on(NAME, h, "grep -h ^ETCD_LEASE_TTL= /etc/m3/m3-*.env").stdout
+            assert f"ETCD_LEASE_TTL={TTL}" in out, (h, out)
+        n = len(d.RESULTS)
+        yield c
+        _write(d.RESULTS[n:])
 
 
 def _write(rows) -> None:

@@ -39,7 +39,6 @@ from load import Load
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.core import planner
-from m3deploy.testbed import core as testbed
 
 pytestmark = [pytest.mark.drills, pytest.mark.e2e]
 
@@ -48,6 +47,7 @@ SUBNET = os.environ.get("M3_PLANNER_SUBNET", "10.160.0.0/24")
 CONFIG = f"/tmp/m3-e2e-{NAME}-config"
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3_TESTBED_STANDBY": "1",
        "M3DEPLOY_CONFIG": CONFIG}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV)
 COOLDOWN_S = 60  # longer than the step's phases: the scale-in decision comes inside it and waits
 TTFT_TARGET_MS = 500  # m3_planner's ttft_ms default: the planner's target
 # M3_PLANNER_POLICY=dynamo: Dynamo's own 1.6.1 planner decides (planner 'local', AISimulate's dev build from PyPI,
@@ -67,7 +67,7 @@ ROWS: list[dict] = []
 
 
 def _plan():
-    return tbrun.plan(ENV, (DATA,))
+    return TB.plan((DATA,))
 
 
 class Publisher:
@@ -95,19 +95,15 @@ class Publisher:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    res = d.pyinfra("--data", DATA, env=ENV, timeout=1500)
-    assert res.returncode == 0, res.stdout[-4000:]
-    plan = _plan()
-    control = plan.group("control")[0].name
-    pub = None if DYNAMO else Publisher(plan, control)
-    yield plan, control, pub
-    if pub:
-        pub.close()
-    _write(plan, control)
-    if not os.environ.get("M3_E2E_KEEP"):
-        testbed.down(name=NAME, log=lambda *a, **k: None)
+def cluster(testbed_up):
+    with testbed_up(TB, deploy=("--data", DATA), timeout=1500):
+        plan = _plan()
+        control = plan.group("control")[0].name
+        pub = None if DYNAMO else Publisher(plan, control)
+        yield plan, control, pub
+        if pub:
+            pub.close()
+        _write(plan, control)
 
 
 def _journal(host: str, unit: str, since: str) -> list[str]:

@@ -23,9 +23,7 @@ import datetime
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -45,6 +43,7 @@ WRONG = os.environ.get("M3_SCALE_WRONG_TESTBED", "m3sd")
 WRONG_SUBNET = os.environ.get("M3_SCALE_WRONG_SUBNET", "10.153.0.0/24")
 CONFIG = tempfile.mkdtemp(prefix="m3sc-config-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": CONFIG}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, scratch=(CONFIG,))
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 ROWS: list[dict] = []
 
@@ -69,10 +68,7 @@ def _cluster(env: dict) -> d.Cluster:
 
 
 def m3deploy(*args, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    exe = shutil.which("m3deploy")
-    argv = [exe] if exe else [sys.executable, "-m", "m3deploy.cli"]
-    return subprocess.run([*argv, *args], cwd=d.REPO, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=timeout)
+    return TB.m3deploy(*args, env=env, timeout=timeout, merge=True)
 
 
 def record() -> dict:
@@ -89,16 +85,12 @@ def started_at(h: str, unit: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    res = d.pyinfra(env=_env(), timeout=1500)
-    assert res.returncode == 0, res.stdout[-5000:]
-    yield
-    _write()
-    if not os.environ.get("M3_E2E_KEEP"):
-        testbed.down(name=WRONG, log=lambda *a, **k: None)
-        testbed.down(name=NAME, log=lambda *a, **k: None)
-        shutil.rmtree(CONFIG, ignore_errors=True)
+def lab(testbed_up):
+    with testbed_up(TB, deploy=(), timeout=1500):  # under _env(): ENV
+        yield
+        _write()
+        if not tbrun.keep():
+            testbed.down(name=WRONG, log=lambda *a, **k: None)  # test_mistakes_tear_nothing_down's
 
 
 def _write() -> None:

@@ -31,19 +31,18 @@ import pytest
 import tbrun
 
 from load import Load, Stats
-from m3deploy.testbed import core as testbed
 
 pytestmark = pytest.mark.e2e
 
 NAME = os.environ.get("M3_EDGE_TESTBED", "m3eg")
 SUBNET = os.environ.get("M3_EDGE_SUBNET", "10.105.0.0/24")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-edge-config-")
 KEY_FILE = os.path.join(CONFIG, "api.keys")
 KEY_A, KEY_B = "m3k-edge-e2e-A-" + os.urandom(8).hex(), "m3k-edge-e2e-B-" + os.urandom(8).hex()
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
 DATA = ("--data", "m3_edge=true", "--data", f"m3_api_key_file={KEY_FILE}")
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV)
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 RESULTS: list[dict] = []
 DRAINED_OP = "drained at the edge"
@@ -58,36 +57,32 @@ def write_keys(*keys: str) -> None:
 
 
 def deploy(timeout: int = 900) -> subprocess.CompletedProcess:
-    res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    res = TB.deploy(*DATA, timeout=timeout)
     assert res.returncode == 0, res.stdout[-5000:]
     assert KEY_A not in res.stdout and KEY_B not in res.stdout, "a key in pyinfra's output"
     return res
 
 
 def plan():
-    return tbrun.plan(ENV, DATA)
+    return TB.plan(DATA)
 
 
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    return tbrun.on(NAME, host, cmd, timeout)
+on = TB.on
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(testbed_up):
     write_keys(KEY_A)
-    testbed.up(3, name=NAME, subnet=SUBNET, log=lambda *a, **k: None)
-    try:
-        deploy()
-        p = plan()
-        assert p.endpoint.startswith("https://") and p.endpoint.endswith(":8443/v1"), p.endpoint
-        ca = os.path.join(ENV["M3DEPLOY_CONFIG"], p.name, "ca.pem")
-        assert os.path.isfile(ca), "the controller wrote no CA certificate for the clients"
-        yield p, ca
-    finally:
-        _write_results()
-        if not os.environ.get("M3_E2E_KEEP"):
-            testbed.down(name=NAME, log=lambda *a, **k: None)
+    with testbed_up(TB):
+        try:
+            deploy()
+            p = plan()
+            assert p.endpoint.startswith("https://") and p.endpoint.endswith(":8443/v1"), p.endpoint
+            ca = os.path.join(ENV["M3DEPLOY_CONFIG"], p.name, "ca.pem")
+            assert os.path.isfile(ca), "the controller wrote no CA certificate for the clients"
+            yield p, ca
+        finally:
+            _write_results()
 
 
 def _write_results() -> None:
@@ -142,8 +137,7 @@ def under_load(p, ca: str, key: str, action, settle_s: float = 3.0) -> tuple[Sta
 
 # ------------------------------------------------------------------------------------------------ tests
 def test_verify_passes(cluster):
-    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
-                         capture_output=True, timeout=600, check=False)
+    res = TB.verify(*DATA, "--json", timeout=600)
     assert res.returncode == 0, (res.stdout[-4000:], res.stderr[-2000:])
     doc = json.loads(res.stdout)
     ids = {r["id"]: r["ok"] for r in doc["results"]}

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 import urllib.request
 
@@ -24,55 +21,37 @@ from tbssh import ssh_to
 pytestmark = pytest.mark.e2e
 
 NAME, SUBNET = "m3en", "10.102.0.0/24"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INVENTORY = "inventories/testbed.py"
 CACHE = tempfile.mkdtemp(prefix="m3-e2e-engines-cache-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "M3DEPLOY_CACHE": CACHE,
        "M3DEPLOY_CONFIG": os.path.join(CACHE, "config")}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, cli=True, scratch=(CACHE,))
 ssh = ssh_to(NAME)
 
 
-def _run(args, timeout):
-    return subprocess.run(args, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          check=False, timeout=timeout)
-
-
-def _testbed(*args, check=True):
-    res = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], cwd=REPO, capture_output=True,
-                         text=True, check=False, timeout=300)
-    if check and res.returncode != 0:
-        raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-
-
 @pytest.fixture(scope="module")
-def testbed():
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    _testbed("down", "--name", NAME)  # a leftover of an interrupted run
-    _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
-    yield NAME
-    if os.environ.get("M3_E2E_KEEP") != "1":
-        _testbed("down", "--name", NAME, check=False)
-        shutil.rmtree(CACHE, ignore_errors=True)
+def testbed(testbed_up):
+    with testbed_up(TB):
+        yield NAME
 
 
 @pytest.mark.parametrize("engine_type", ["sglang", "trtllm"])
 def test_deploy_and_verify_under_engine_type(testbed, engine_type):
     data = ["--data", f"m3_mocker_engine_type={engine_type}"]
-    run = _run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *data], timeout=900)
+    run = TB.deploy(*data, timeout=900)
     assert run.returncode == 0, run.stdout[-6000:]
     # the workers run the mocker as that engine
     for host in ("m3en-02", "m3en-03"):
         unit = ssh(host, "cat /etc/systemd/system/m3-worker@0.service").stdout
         assert f"--engine-type {engine_type}" in unit, unit
-    res = _run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *data], timeout=300)
+    res = TB.verify(*data, timeout=300, merge=True)
     assert res.returncode == 0, f"m3deploy verify exited {res.returncode}:\n{res.stdout[-8000:]}"
     # routing (session affinity/spread) and the parsers (reasoning split, a tool call) are verify's smoke checks
     for check in ("smoke/session-affinity", "smoke/session-spread", "smoke/reasoning-split", "smoke/tool-call"):
         assert check in res.stdout, f"{check} did not run:\n{res.stdout[-4000:]}"
     # KV events: the router learns each worker's cached blocks from them, so one long prompt sent again and again
     # (no session header) keeps landing on the worker that holds its prefix (nvext.worker_id, as smoke reads it)
-    plan = json.loads(_run([*tbrun.tool("m3deploy"), "plan", INVENTORY, "--json", *data], timeout=60).stdout)
+    plan = json.loads(TB.m3deploy("plan", INVENTORY, "--json", *data, timeout=60, merge=True).stdout)
     prompt = " ".join(f"token{i}" for i in range(700))
     body = json.dumps({"model": plan["served_model_name"], "max_tokens": 4, "nvext": {"extra_fields": ["worker_id"]},
                        "messages": [{"role": "user", "content": prompt}]}).encode()

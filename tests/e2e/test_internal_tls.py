@@ -24,14 +24,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import subprocess
 import tempfile
 import time
 
 import pytest
 import tbrun
-
-from m3deploy.testbed import core as testbed
 
 pytestmark = pytest.mark.e2e
 
@@ -40,13 +37,12 @@ VIP_ON = os.environ.get("M3_ITLS_VIP", "1") == "1"  # m3_vip: keepalived's addre
 EDGE = VIP_ON or os.environ.get("M3_ITLS_EDGE") == "1"  # m3_edge: HAProxy with the cluster CA before the frontends
 SUBNET = os.environ.get("M3_ITLS_SUBNET", "10.141.0.0/24")
 VIP = str(ipaddress.ip_network(SUBNET)[200])
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = "inventories/testbed.py"
 CONFIG = tempfile.mkdtemp(prefix="m3-e2e-itls-config-")
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "3", "M3DEPLOY_CONFIG": os.path.join(CONFIG, "m3")}
 DATA = ("--data", "m3_internal_tls=true") + (("--data", "m3_edge=true") if EDGE else ()) + (
     ("--data", "m3_edge_frontends=1", "--data", f"m3_vip={VIP}/{ipaddress.ip_network(SUBNET).prefixlen}")
     if VIP_ON else ())
+TB = tbrun.Testbed(NAME, SUBNET, 4, ENV, options=("net-admin",) if VIP_ON else ())
 
 # on a host (python3 is on every host): connect to HOST:PORT, TLS with the CA only (no client certificate), send a
 # request; prints what came back, or the error. A refusal prints REFUSED.
@@ -81,11 +77,10 @@ print("ANSWERED 200" if b" 200 " in got.split(b"\r\n", 1)[0] else "NO 200", got[
 
 
 def plan():
-    return tbrun.plan(ENV, DATA)
+    return TB.plan(DATA)
 
 
-def on(host: str, cmd: str, timeout: float = 60) -> str:
-    return tbrun.on(NAME, host, cmd, timeout)
+on = TB.on
 
 
 def py(host: str, script: str, *args) -> str:
@@ -95,17 +90,10 @@ def py(host: str, script: str, *args) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    testbed.up(4, name=NAME, subnet=SUBNET, options=("net-admin",) if VIP_ON else (), log=lambda *a, **k: None)
-    try:
-        res = subprocess.run([*tbrun.tool("pyinfra"), "-y", INVENTORY, "deploy.py", *DATA], cwd=REPO, env=ENV, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1500, check=False)
-        assert res.returncode == 0, res.stdout[-5000:]
-        assert "PRIVATE KEY" not in res.stdout, "a private key in pyinfra's output"
+def cluster(testbed_up):
+    with testbed_up(TB, deploy=DATA, timeout=1500) as up:
+        assert "PRIVATE KEY" not in up.deploy.stdout, "a private key in pyinfra's output"
         yield plan()
-    finally:
-        if not os.environ.get("M3_E2E_KEEP"):
-            testbed.down(name=NAME, log=lambda *a, **k: None)
 
 
 def _svc(p, kind):
@@ -113,8 +101,7 @@ def _svc(p, kind):
 
 
 def test_verify_passes_with_tls_checks(cluster):
-    res = subprocess.run([*tbrun.tool("m3deploy"), "verify", INVENTORY, *DATA, "--json"], cwd=REPO, env=ENV, text=True,
-                         capture_output=True, timeout=600, check=False)
+    res = TB.verify(*DATA, "--json", timeout=600)
     doc = json.loads(res.stdout)
     bad = [(r["id"], r["evidence"]) for r in doc["results"] if not r["ok"]]
     assert res.returncode == 0 and doc["ok"], (bad, res.stderr[-2000:])

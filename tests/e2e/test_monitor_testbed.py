@@ -24,15 +24,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
+import tbrun
 
 from tbssh import ssh_to
 
@@ -42,19 +41,10 @@ NAME = "m3ob"
 SUBNET = "10.104.0.0/24"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1"}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, cli=True)
 PNG = os.path.join(REPO, "benchmarks", "results", "observe-testbed-ttft.png")
 SERVER_PNG = os.path.join(REPO, "benchmarks", "results", "observe-testbed-server.png")
 ssh = ssh_to(NAME)
-
-
-def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _testbed(*args):
-    res = _run([sys.executable, "-m", "m3deploy.testbed.cli", *args], timeout=900)
-    if res.returncode != 0:
-        raise AssertionError(f"testbed {args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
 
 
 # monitoring is off by default (group_data/testbed.py too); this module turns it on as a user would, on every command
@@ -63,44 +53,18 @@ DATA_ARGS = [a for kv in DATA for a in ("--data", kv)]
 
 
 def m3(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return _run([sys.executable, "-m", "m3deploy.cli", *args, *DATA_ARGS], timeout=timeout)
+    return TB.m3deploy(*args, *DATA_ARGS, timeout=timeout)
 
 
 def _plan():
-    from m3deploy.cli import load_plan
-
-    old = {k: os.environ.get(k) for k in ("M3_TESTBED", "M3_TESTBED_CONTROL")}
-    os.environ.update(M3_TESTBED=NAME, M3_TESTBED_CONTROL="1")
-    try:
-        return load_plan(os.path.join(REPO, "inventories", "testbed.py"), data=DATA, facts=False)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return TB.plan(DATA)
 
 
 @pytest.fixture(scope="module")
-def testbed():
+def testbed(testbed_up):
     """A deployed 3-host testbed with monitoring; yields (plan, seconds since the deploy ended)."""
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} missing: bash scripts/install-deps.sh")
-    _testbed("down", "--name", NAME)  # a leftover of an interrupted run
-    _testbed("up", "3", "--name", NAME, "--subnet", SUBNET)
-    try:  # down even when the deploy fails: no testbed is left behind
-        pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-        t0 = time.monotonic()
-        res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS], timeout=1500)
-        assert res.returncode == 0, f"the deploy failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
-        print(f"deploy: {time.monotonic() - t0:.0f} s")
+    with testbed_up(TB, deploy=DATA_ARGS, timeout=1500):
         yield _plan(), time.monotonic()
-    finally:
-        if os.environ.get("M3_E2E_KEEP") != "1":
-            _testbed("down", "--name", NAME)
 
 
 def _prom(plan, path: str, **query):
@@ -337,10 +301,8 @@ def test_teardown_removes_the_monitoring(testbed):
     from m3deploy.core import monitor
 
     plan, _ = testbed
-    pyinfra = [shutil.which("pyinfra")] if shutil.which("pyinfra") else [sys.executable, "-m", "pyinfra"]
-    res = _run([*pyinfra, "-y", "inventories/testbed.py", "deploy.py", *DATA_ARGS, "--data", "m3_state=absent"],
-               timeout=900)
-    assert res.returncode == 0, f"the teardown failed:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+    res = TB.deploy(*DATA_ARGS, "--data", "m3_state=absent", timeout=900)
+    assert res.returncode == 0, f"the teardown failed:\n{res.stdout[-6000:]}"
     ports = {str(p.port) for h in plan.hosts for s in h.services if s.kind in monitor.KINDS for p in s.ports}
     for h in plan.hosts:
         units = ssh(h.name, "systemctl list-units --all --no-legend --plain 'm3-*' 'prometheus*'").stdout

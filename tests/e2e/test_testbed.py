@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+import tbrun
 
 from m3deploy.testbed.machine import SYSCTL_FILE
 from tbssh import apt_diagnostics, ssh_to, state_dir
@@ -24,19 +25,13 @@ pytestmark = pytest.mark.e2e
 
 NAME = "m3e2e"
 SUBNET = "10.78.0.0/24"
+TB = tbrun.Testbed(NAME, SUBNET, 3, cli=True)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = state_dir(NAME)
 PROXY_CACHE = os.path.join(os.environ.get("M3_TESTBED_CACHE") or "/var/cache/m3deploy/testbed", "apt-cache", NAME)  # `down` keeps it
 APT_BOUND_S = 120  # 3 fresh hosts, cold proxy: ~10-15 s here (2 cores); issue 8 saw > 300 s
-CLI = [sys.executable, "-m", "m3deploy.testbed.cli"]
 INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
-
-
-def cli(*args, check=True, timeout=300):
-    res = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{args} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
+cli = tbrun.testbed_cli  # cli(*args, check=True, timeout=...): `m3deploy testbed ARGS`
 
 
 def state():
@@ -48,24 +43,19 @@ ssh = ssh_to(NAME)
 
 
 @pytest.fixture(scope="session")
-def tb():
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    for tool in ("systemd-nspawn", "debootstrap", "apt-cacher-ng"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} missing: apt-get install systemd-container debootstrap apt-cacher-ng")
-    cli("down", "--name", NAME)          # a leftover of an earlier, interrupted run
-    shutil.rmtree(PROXY_CACHE, ignore_errors=True)  # cold proxy: hosts' first apt-get goes through to the mirror
-    with open(INOTIFY) as f:
-        inotify_before = f.read().strip()
-    with contextlib.suppress(FileNotFoundError):  # another testbed (another e2e lane) raised it before us
-        with open(SYSCTL_FILE) as f:
-            inotify_before = str(json.load(f)["fs.inotify.max_user_instances"])
-    t0 = time.monotonic()
-    res = cli("up", "3", "--name", NAME, "--subnet", SUBNET)
-    info = {"up_s": time.monotonic() - t0, "up_out": res.stdout, "inotify_before": inotify_before}
-    yield info
-    cli("down", "--name", NAME, check=False)
+def tb(testbed_up):
+    before = {}
+
+    def cold():
+        shutil.rmtree(PROXY_CACHE, ignore_errors=True)  # cold proxy: hosts' first apt-get goes through to the mirror
+        with open(INOTIFY) as f:
+            before["inotify"] = f.read().strip()
+        with contextlib.suppress(FileNotFoundError):  # another testbed (another e2e lane) raised it before us
+            with open(SYSCTL_FILE) as f:
+                before["inotify"] = str(json.load(f)["fs.inotify.max_user_instances"])
+
+    with testbed_up(TB, before_up=cold) as up:
+        yield {"up_s": up.seconds, "up_out": up.out, "inotify_before": before["inotify"]}
 
 
 def test_up_writes_state_keys_and_ssh_config(tb):

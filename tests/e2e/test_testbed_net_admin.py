@@ -20,6 +20,7 @@ import subprocess
 import time
 
 import pytest
+import tbrun
 
 from m3deploy.testbed import config as tbconfig
 from m3deploy.testbed import core as testbed
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.e2e
 NAME = os.environ.get("M3_NETADMIN_TESTBED", "m3vp3")
 SUBNET = os.environ.get("M3_NETADMIN_SUBNET", "10.142.0.0/24")
 VIP = str(ipaddress.ip_network(SUBNET)[200])
+TB = tbrun.Testbed(NAME, SUBNET, 2, options=("net-admin",))
 
 _CONNECT = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], 8999), timeout=3).close(); print('OK')\n"
             "except OSError as e:\n    print('NO', e)")
@@ -39,13 +41,9 @@ def run(host: str, cmd: str):
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    testbed.up(2, name=NAME, subnet=SUBNET, options=("net-admin",), log=lambda *a, **k: None)
-    try:
+def hosts(testbed_up):
+    with testbed_up(TB):
         yield [f"{NAME}-01", f"{NAME}-02"]
-    finally:
-        if not os.environ.get("M3_E2E_KEEP"):
-            testbed.down(name=NAME, log=lambda *a, **k: None)
 
 
 def test_an_added_address_is_reachable_across_the_bridge(hosts):

@@ -15,13 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+import tbrun
 
 from tbssh import apt_diagnostics, ssh_to, state_dir
 
@@ -38,28 +37,18 @@ WORKERS = [f"{NAME}-02", f"{NAME}-03", f"{NAME}-04"]
 # Its own controller cache: the mock repo's `refs/main` names one size of MiniMaxAI/MiniMax-M3 at a time, and another
 # e2e module beside this one (scripts/test_lanes.py) stages the same repo id at another m3_mock_repo_mb
 CACHE = tempfile.mkdtemp(prefix="m3-e2e-wfan-cache-")
-
-
-def tb(*args, timeout=300):
-    r = subprocess.run([sys.executable, "-m", "m3deploy.testbed.cli", *args], capture_output=True, text=True,
-                       cwd=REPO, timeout=timeout)
-    assert r.returncode == 0, f"testbed {args}: {r.stdout}{r.stderr}"
-
+# unbuffered: on a timeout, the output shows which hosts had finished the op that stalled
+ENV = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CACHE": CACHE, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+TB = tbrun.Testbed(NAME, SUBNET, 4, ENV, cli=True, scratch=(CACHE,))
 
 ssh = ssh_to(NAME)
 
 
 def deploy(config) -> str:
-    args = ["pyinfra", "-y", "inventories/testbed.py", "benchmarks/weights_deploy.py"]
-    for k, v in DATA.items():
-        args += ["--data", f"{k}={v}"]
-    # unbuffered: on a timeout, the output shows which hosts had finished the op that stalled
-    env = {**os.environ, "M3_TESTBED": NAME, "M3DEPLOY_CONFIG": str(config), "M3DEPLOY_CACHE": CACHE,
-           "PYTHONPATH": str(REPO),
-           "PYTHONUNBUFFERED": "1"}
+    data = [a for k, v in DATA.items() for a in ("--data", f"{k}={v}")]
     try:
-        r = subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=600)
+        r = TB.deploy(*data, script="benchmarks/weights_deploy.py", timeout=600,
+                      env={**ENV, "M3DEPLOY_CONFIG": str(config)})
     except subprocess.TimeoutExpired as exc:
         partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         pytest.fail(f"the deploy did not finish in 600 s:\n{partial[-4000:]}\n"
@@ -74,14 +63,9 @@ def digests(host) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def testbed(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.fail("the testbed needs root")
-    tb("down", "--name", NAME)
-    tb("up", "4", "--name", NAME, "--subnet", SUBNET)
-    yield tmp_path_factory.mktemp("config")
-    tb("down", "--name", NAME)
-    shutil.rmtree(CACHE, ignore_errors=True)
+def testbed(tmp_path_factory, testbed_up):
+    with testbed_up(TB):
+        yield tmp_path_factory.mktemp("config")
 
 
 def test_stage_over_the_tree_then_rerun_moves_nothing(testbed):
