@@ -59,7 +59,7 @@ def prepare(trays: int) -> tuple[float, float, int, float, int]:
 
     from m3deploy.core.build import build
     from m3deploy.core.inventory import hosts_from_dict
-    from tests.deploy import test_deploy_py as T
+    from tests.deploy import test_deploy_py as deploy_tests
     from tests.deploy.conftest import run_deploy_file
 
     groups_in = cluster_hosts(trays)
@@ -70,7 +70,7 @@ def prepare(trays: int) -> tuple[float, float, int, float, int]:
     spec = {}
     for h in hosts:
         hp = plan.host(h.name)
-        fn = {"nvidia": T.nvidia_facts, "amd": T.amd_facts}.get(hp.gpu_vendor, T.control_facts)
+        fn = {"nvidia": deploy_tests.nvidia_facts, "amd": deploy_tests.amd_facts}.get(hp.gpu_vendor, deploy_tests.control_facts)
         spec[h.name] = {"data": dict(h.data),
                         "facts": {Os: "Linux", Which: lambda command: f"/usr/sbin/{command}", **fn(hp, plan)}}
     import pyinfra_cli.util

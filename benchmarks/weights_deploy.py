@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from m3deploy.deploy.context import cluster_plan, host_plan  # noqa: E402
-from roles._failfast import stop_on_unreachable_or_failed_hosts  # noqa: E402
+from roles.failfast import stop_on_unreachable_or_failed_hosts  # noqa: E402
 from roles.weights import deploy_weights  # noqa: E402
 
 stop_on_unreachable_or_failed_hosts()

@@ -7,9 +7,9 @@ Reads nothing of the plan.
 from pyinfra.api import deploy
 
 from m3deploy.deploy import hostfiles
-from roles import _units as u
+from roles import hostops
 
 
 @deploy("Configure apt's retries")
 def configure_apt():
-    u.ship(hostfiles.apt_conf())
+    hostops.ship(hostfiles.apt_conf())

@@ -23,7 +23,7 @@ from pyinfra.operations import server
 from m3deploy.controller import artifacts, mockmodel
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT
-from roles import _units as u
+from roles import hostops, lifecycle
 
 
 def _remote_state(wheelhouse: str, venv: str) -> tuple[str, str]:
@@ -38,7 +38,7 @@ def _remote_state(wheelhouse: str, venv: str) -> tuple[str, str]:
 
 @deploy("Ship Dynamo artifacts")
 def deploy_artifacts():
-    cp, hp = u.plans()
+    cp, hp = lifecycle.plans()
     native = [s for s in hp.services if s.kind in ("frontend", "worker") and not s.image]
     _ship_mock_model(cp, hp)
     if not native:
@@ -55,8 +55,9 @@ def deploy_artifacts():
 
     have_wheelhouse, stamp = _remote_state(remote, cp.venv)
     if have_wheelhouse != digest:
-        u.ship_wheelhouse(name=f"Ship the wheelhouse to {remote} (one archive, checked against {artifacts.MANIFEST})",
-                          archive=str(artifacts.wheelhouse_archive(local)), dest=remote)
+        hostops.ship_wheelhouse(name=f"Ship the wheelhouse to {remote} (one archive, checked against "
+                                     f"{artifacts.MANIFEST})", archive=str(artifacts.wheelhouse_archive(local)),
+                                dest=remote)
     else:
         host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
 
@@ -78,5 +79,5 @@ def _ship_mock_model(cp, hp):
             raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: "
                           "<m3_state_dir>/models/mock-minimax-m3)")
         model = mockmodel.ensure_model_dir(cp.served_model_name or mockmodel.NAME)
-        u.put_dir(name=f"Ship the mock model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
+        hostops.put_dir(name=f"Ship the mock model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
                   names=tuple(mockmodel.FILES))

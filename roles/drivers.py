@@ -18,10 +18,9 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 
-from m3deploy import facts as F
+from m3deploy import facts
 from m3deploy.core.catalog import version_tuple
-from roles import _gpu
-from roles import _units as u
+from roles import gpuhost, hostops
 
 IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
 
@@ -54,22 +53,22 @@ def _install_nvidia(hp) -> bool:
         want.append(f"nvidia-fabricmanager-{branch}")
     if d.imex:
         want.append(f"nvidia-imex-{branch}")
-    pkgs = host.get_fact(F.NvidiaPackages)
-    loaded = host.get_fact(F.NvidiaDriver)["version"]
+    pkgs = host.get_fact(facts.NvidiaPackages)
+    loaded = host.get_fact(facts.NvidiaDriver)["version"]
     missing = [p for p in want if p not in pkgs]
-    if driver_pkg in missing and F.nvidia_driver_branch(loaded) == branch:
+    if driver_pkg in missing and facts.nvidia_driver_branch(loaded) == branch:
         missing.remove(driver_pkg)  # the right branch is loaded (runfile, image or DGX install): keep it
     if not missing:
         return False
-    os_ = _gpu.require_ubuntu(f"install {', '.join(missing)}")
-    update = _gpu.ensure_cuda_repo(hp, os_)
+    os_ = gpuhost.require_ubuntu(f"install {', '.join(missing)}")
+    update = gpuhost.ensure_cuda_repo(hp, os_)
     apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=update,
-                 extra_install_args=_gpu.APT_LOCK, **u.APT_RETRIES)
+                 extra_install_args=gpuhost.APT_LOCK, **hostops.APT_RETRIES)
     return driver_pkg in missing
 
 
 def _nvidia_services(hp, installing: bool) -> None:
-    services = host.get_fact(F.GpuServices)
+    services = host.get_fact(facts.GpuServices)
     if hp.driver.imex:
         from m3deploy.deploy import context
 
@@ -87,23 +86,23 @@ def _nvidia_services(hp, installing: bool) -> None:
 def _install_rocm(hp) -> bool:
     d = hp.driver
     want = d.rocm
-    rocm = host.get_fact(F.RocmVersion)
-    devices = host.get_fact(F.AmdDevices)
+    rocm = host.get_fact(facts.RocmVersion)
+    devices = host.get_fact(facts.AmdDevices)
     installing = False
     if not (rocm and version_tuple(rocm)[:2] >= version_tuple(want)[:2] and devices["kfd"]):
-        os_ = _gpu.require_ubuntu(f"install ROCm {want}")
+        os_ = gpuhost.require_ubuntu(f"install ROCm {want}")
         kernel = os_["kernel"]
         apt.deb(name=f"Install amdgpu-install {want}",
                 src=d.amdgpu_install_deb or amdgpu_install_url(want, os_["codename"]))
         apt.packages(name=f"Install kernel headers and extra modules for {kernel}",
                      packages=[f"linux-headers-{kernel}", f"linux-modules-extra-{kernel}"], update=True,
-                     extra_install_args=_gpu.APT_LOCK)
+                     extra_install_args=gpuhost.APT_LOCK)
         usecase = d.amdgpu_usecase
         server.shell(name=f"Install ROCm {want} and the amdgpu driver ({usecase})",
                      commands=[f"DEBIAN_FRONTEND=noninteractive amdgpu-install -y --usecase={shlex.quote(usecase)}"])
         installing = True
     for user in d.gpu_users:
-        groups = host.get_fact(F.AmdDevices, user=user)["groups"]
+        groups = host.get_fact(facts.AmdDevices, user=user)["groups"]
         missing = [g for g in ("render", "video") if g not in groups]
         if missing:
             server.shell(name=f"Add {user} to the {' and '.join(missing)} group(s)",
@@ -121,7 +120,7 @@ def amdgpu_install_url(version: str, codename: str) -> str:
 
 
 def _reboot_if_needed(hp, installing: bool, check_cmd: str) -> None:
-    reasons = list(host.get_fact(F.RebootRequired)["reasons"])
+    reasons = list(host.get_fact(facts.RebootRequired)["reasons"])
     if installing:
         reasons.append("the GPU driver is installed or changed in this run")
     if not reasons:

@@ -2,7 +2,7 @@
 
 Reads (through m3deploy.deploy.context): cluster_plan() (frontends, settings m3_api_key_file); host_plan().services
 of kind "edge" (ports, readiness). Files from m3deploy.deploy.edgefiles (haproxy.cfg, edge.pem, the keys' hashes,
-the unit); secrets (TLS key, key hashes) from roles/_units.secrets_for.
+the unit); secrets (TLS key, key hashes) from roles/cluster_secrets.secrets_for.
 
 - The package's haproxy.service is masked before the install (its postinst would start it with Debian's config).
 - A changed unit restarts the edge; a changed config, certificate or key list only reloads it (`systemctl reload`:
@@ -27,14 +27,13 @@ from m3deploy.check import readiness as _readiness
 from m3deploy.check import rollout
 from m3deploy.check.checks import instance_services, metrics_url
 from m3deploy.check.verify import contract
-from m3deploy.core import edge
+from m3deploy.core import components, edge
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host
 from m3deploy.deploy import edgefiles, hostfiles
-from roles import _units as u
-from roles._rollout import _run
+from roles import cluster_secrets, hostops, lifecycle
+from roles.hostops import run_on
 
-PACKAGE_UNIT = "haproxy.service"
 # the runtime API, from a shell on the host: python3 is on every host (the deploy's own checks use it)
 _CLI = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
         "s.sendall(sys.argv[2].encode()+b'\\n'); sys.stdout.write(s.makefile().read())")
@@ -42,21 +41,24 @@ _CLI = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[
 
 @deploy("Deploy the edge")
 def deploy_edge():
-    cp, hp = u.plans()
-    for s in u.services(hp, "edge"):
-        mask, *files = edgefiles.edge_files(cp, s, u.secrets_for(cp))
-        u.install("haproxy", mask=mask, mask_name=f"Mask the package's {PACKAGE_UNIT}")
-        *confs, unit_op = [u.ship(f) for f in files]
-        # the unit restarts; its config, certificate or keys reload (hitless)
-        started = u.activate(s.unit, unit_op, [unit_op, u.changes(s)[0]], why="its unit changed",
-                             reload=("config, certificate or keys changed: hitless", confs))
-        u.wait_ready(s, started)
+    cp, hp = lifecycle.plans()
+    for s in lifecycle.role_services(hp, __name__):
+        c = components.get(s.kind)
+        _mask, *files = edgefiles.edge_files(cp, s, cluster_secrets.secrets_for(cp))  # the mask: install ships it
+        lifecycle.install(s.kind, mask_name=f"Mask the package's {c.package_unit}")
+        *confs, unit_op = [hostops.ship(f) for f in files]
+        # RELOAD: the unit restarts; its config, certificate or keys reload (hitless)
+        reload = ("config, certificate or keys changed: hitless", confs) if c.lifecycle.activate == components.RELOAD \
+            else None
+        started = lifecycle.activate(s.unit, unit_op, [unit_op, lifecycle.changes(s)[0]], why="its unit changed",
+                                     reload=reload)
+        lifecycle.wait_ready(s, started)
 
 
 def runtime(host_name: str, command: str) -> tuple[bool, str]:
     """One command to the edge's runtime API on `host_name` (False, why: when it has no edge running yet)."""
     sock = shlex.quote(edge.EDGE_SOCKET)
-    return _run(host_name, f"[ -S {sock} ] || {{ echo 'no edge socket {edge.EDGE_SOCKET}'; exit 3; }}; "
+    return run_on(host_name, f"[ -S {sock} ] || {{ echo 'no edge socket {edge.EDGE_SOCKET}'; exit 3; }}; "
                            f"python3 -c {shlex.quote(_CLI)} {sock} {shlex.quote(command)}")
 
 
@@ -111,10 +113,10 @@ def _drained_restart(cp, s) -> None:
         host.log(f"{name}: drained at {len(on)} edge(s) in {took:.1f} s")
         _set_state(cp, name, "maint")
     unit = shlex.quote(s.unit)
-    ok, out = _run(host.name, f"systemctl enable {unit} 2>&1 && systemctl restart {unit} 2>&1")
+    ok, out = run_on(host.name, f"systemctl enable {unit} 2>&1 && systemctl restart {unit} 2>&1")
     if not ok:
         raise M3Error(f"systemctl restart {s.unit} on {host.name}: {out[-300:]}")
-    _readiness.wait_ready(s.readiness, what=f"{s.unit} on {s.host}", logs=u.journal_tail(s.unit))
+    _readiness.wait_ready(s.readiness, what=f"{s.unit} on {s.host}", logs=hostops.journal_tail(s.unit))
     if on:  # a running cluster (on a first deploy no edge runs yet, and the workers start later)
         port = next(p for p in s.ports if p.name == "http")
         health = f"http://{url_host(port.address)}:{port.port}/health"
@@ -132,7 +134,7 @@ def _drained_restart(cp, s) -> None:
 
 
 def restart_frontend(cp, s, unit_op, changed_ops):
-    """roles/_units.activate for a frontend behind the edge: the restart drained (see module doc)."""
-    return u.activate(s.unit, unit_op, changed_ops, restart=lambda changed: python.call(
+    """roles/lifecycle.activate for a frontend behind the edge: the restart drained (see module doc)."""
+    return lifecycle.activate(s.unit, unit_op, changed_ops, restart=lambda changed: python.call(
         name=f"Restart {s.unit} drained at the edge (its files changed)", function=_drained_restart, cp=cp, s=s,
         _if=changed))

@@ -17,19 +17,19 @@ from pyinfra import host
 from pyinfra.api import deploy, operation
 
 from m3deploy.controller.secrets import ensure_secrets, public_pem
+from m3deploy.core import components
 from m3deploy.core.build import etcd_jwt_keys
 from m3deploy.deploy import hostfiles
-from m3deploy.deploy.hostfiles import AUTH_SCRIPT  # noqa: F401 (the path, for readers of this role)
-from roles import _units as u
+from roles import hostops, lifecycle
 
-USER = "etcd"  # created by the etcd-server package
+USER = components.get("etcd").user  # created by its package
 
 
 @operation()
 def ensure_jwt_keys(key: str, pub: str):
     """An RSA key pair for etcd's JWT auth tokens, made on the host once (0600 etcd: the private key never
     leaves it). Regenerating it would log every client out, so an existing key is kept."""
-    if host.get_fact(u.PathState, path=key) != "-" and host.get_fact(u.PathState, path=pub) != "-":
+    if host.get_fact(hostops.PathState, path=key) != "-" and host.get_fact(hostops.PathState, path=pub) != "-":
         return
     k, p = shlex.quote(key), shlex.quote(pub)
     yield (f"umask 077 && openssl genrsa -out {k} 2048 2>/dev/null && openssl rsa -in {k} -pubout -out {p} "
@@ -43,25 +43,25 @@ def _jwt_keys(cp, key: str, pub: str) -> list:
     if sum(1 for h in cp.hosts for x in h.services if x.kind == "etcd") < 2:
         return [ensure_jwt_keys(name=f"Make etcd's JWT signing key {key}", key=key, pub=pub)]
     pem = ensure_secrets(cp.name, names=("etcd-jwt-key",))["etcd-jwt-key"]
-    return [u.put_text(name=f"Render etcd's shared JWT signing key {key}", text=pem, dest=key, mode="0600",
-                       user=USER, group=USER),
-            u.put_text(name=f"Render {pub}", text=public_pem(pem), dest=pub, mode="0644", user=USER, group=USER)]
+    return [hostops.put_text(name=f"Render etcd's shared JWT signing key {key}", text=pem, dest=key, mode="0600",
+                             user=USER, group=USER),
+            hostops.put_text(name=f"Render {pub}", text=public_pem(pem), dest=pub, mode="0644", user=USER, group=USER)]
 
 
 @deploy("Deploy etcd")
 def deploy_etcd():
-    cp, hp = u.plans()
-    for s in u.services(hp, "etcd"):
-        u.install("etcd-server")
-        u.ensure_workdir(s, USER)
+    cp, hp = lifecycle.plans()
+    for s in lifecycle.role_services(hp, __name__):
+        lifecycle.install(s.kind)
+        lifecycle.ensure_workdir(s, hostfiles.service_user(s))
         changed = []
         if "--auth-token" in s.argv:  # every member of an etcd with auth
             key, pub = etcd_jwt_keys(s.workdir)
             changed += _jwt_keys(cp, key, pub)
-        if hostfiles.etcd_auth(s):  # the first member only
-            changed.append(u.ship(hostfiles.auth_script(), name=f"Ship {AUTH_SCRIPT}"))
+        # the first member only: files/m3-etcd-auth.py (ExecStartPost) turns auth on
+        changed += lifecycle.ship_scripts(s)
         # m3_internal_tls: its certificate, key and the cluster CA (0600 etcd); a change restarts it
-        changed += [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
-        unit_op, env_op = u.install_service(cp, s)
-        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *changed))
-        u.wait_ready(s, started)
+        changed += lifecycle.ship_config_files(cp, s)
+        unit_op, env_op = lifecycle.install_service(cp, s)
+        started = lifecycle.activate(s.unit, unit_op, lifecycle.changes(s, unit_op, env_op, *changed))
+        lifecycle.wait_ready(s, started)

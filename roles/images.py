@@ -27,9 +27,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from m3deploy import facts as F
+from m3deploy import facts
 from m3deploy.core.errors import M3Error
-from roles import _units as u
+from roles import hostops
 
 REMOTE_DIR = "/var/lib/m3/images"
 
@@ -77,16 +77,16 @@ def _build(svc, version: str, archive_dir):
     """Build the plan's Dynamo worker image FROM its base image, offline, with the shipped wheels."""
     from m3deploy.controller import artifacts, prepare
 
-    if not host.get_fact(F.DockerImage, image=svc.base_image)["present"]:
+    if not host.get_fact(facts.DockerImage, image=svc.base_image)["present"]:
         _get(svc.base_image, archive_dir)
     from m3deploy.deploy import context
 
     target = prepare.container_target(context.host_plan())  # the one prepare built before any host op
     local = artifacts.ensure_wheelhouse(version, target=target)
     remote = f"{REMOTE_DIR}/build-{svc.image.split(':', 1)[1]}"
-    u.ship_wheelhouse(name=f"Ship the {target.abi} {target.arch} wheelhouse for {svc.image} (one archive, checked "
-                      f"against {artifacts.MANIFEST})", archive=str(artifacts.wheelhouse_archive(local)), dest=remote,
-                      mode="0700")
+    hostops.ship_wheelhouse(name=f"Ship the {target.abi} {target.arch} wheelhouse for {svc.image} (one archive, "
+                                 f"checked against {artifacts.MANIFEST})",
+                            archive=str(artifacts.wheelhouse_archive(local)), dest=remote, mode="0700")
     engine = svc.argv[2].split(".", 1)[1] if len(svc.argv) > 2 and svc.argv[2].startswith("dynamo.") else "vllm"
     files.put(name=f"Render {remote}/Dockerfile", dest=f"{remote}/Dockerfile", mode="0644",
               src=StringIO(DOCKERFILE.format(base=svc.base_image, version=version, engine=engine)))
@@ -108,7 +108,7 @@ def deploy_images():
     for image in dict.fromkeys(s.image for s in hp.services if s.image):
         _changed.pop((host.name, image), None)  # only this run's op counts (several runs in one process: tests)
         pull = always and "@sha256:" not in image and image not in built
-        have = host.get_fact(F.DockerImage, image=image)
+        have = host.get_fact(facts.DockerImage, image=image)
         if archive_dir and have["present"] and image not in built:  # the archive may hold a moved tag
             pull = archive_image_id(_archive(image, archive_dir)) != have["id"]
         if have["present"] and not pull:

@@ -7,7 +7,7 @@ A shrinking plan: before the new manifest is written, what the host's previous o
 package, an old venv) is removed by the teardown's own operations (roles/teardown.remove). A host with no manifest
 or an unreadable one is left as it is (said in the run's output).
 
-Reads cluster_plan(), host_plan() (through roles/_units.plans()); setting m3_keep_caches (a leftover venv or cache
+Reads cluster_plan(), host_plan() (through roles/lifecycle.plans()); setting m3_keep_caches (a leftover venv or cache
 stays).
 """
 from pyinfra import host
@@ -15,13 +15,13 @@ from pyinfra.api import deploy
 
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import hostfiles, shrink
-from roles import _units as u
+from roles import hostops, lifecycle
 from roles.teardown import DeployManifest, remove
 
 
 @deploy("Write the deploy manifest")
 def write_manifest():
-    cp, hp = u.plans()
+    cp, hp = lifecycle.plans()
     new = hostfiles.manifest(cp, hp)
     text = host.get_fact(DeployManifest)
     if text.strip():
@@ -32,4 +32,4 @@ def write_manifest():
             gone = {}
         if any(gone.values()):
             remove(gone, keep=bool(cp.setting("m3_keep_caches")), final=False)
-    u.ship(hostfiles.manifest_file(cp, hp, new))
+    hostops.ship(hostfiles.manifest_file(cp, hp, new))

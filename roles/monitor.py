@@ -18,32 +18,31 @@ m3_nats_exporter_port, m3_monitor_scrape_interval_s, m3_prometheus_retention_tim
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from m3deploy.core import monitor
+from m3deploy.core import components
 from m3deploy.deploy import hostfiles
-from roles import _units as u
+from roles import hostops, lifecycle
 
 
 @deploy("Deploy monitoring")
 def deploy_monitor():
-    cp, hp = u.plans()
-    for s in hp.services:
-        if s.kind not in monitor.KINDS:
-            continue
+    cp, hp = lifecycle.plans()
+    for s in lifecycle.role_services(hp, __name__):
+        c = components.get(s.kind)
         # a package's own unit masked before the package: its postinst would start it on all addresses
-        u.install(monitor.PACKAGES.get(s.kind, ""), mask=hostfiles.monitor_mask(s))
-        user = hostfiles.service_user(s)
-        u.ensure_workdir(s, user)
-        changed = []
-        if s.kind == "nats-exporter":
-            changed.append(u.ship(hostfiles.nats_exporter_script(), name=f"Ship {monitor.NATS_EXPORTER_SCRIPT}"))
-        if s.kind == "prometheus":
-            confs = [u.ship(f) for f in hostfiles.prometheus_files(cp)]
+        lifecycle.install(s.kind)
+        lifecycle.ensure_workdir(s, hostfiles.service_user(s))
+        changed = lifecycle.ship_scripts(s)  # the NATS exporter's
+        if c.config:  # prometheus.yml and its rules, checked by the package's own tool before the restart
+            confs = [hostops.ship(f) for f in hostfiles.CONFIGS[c.config](cp, s)]
             changed += confs
-            server.shell(name=f"Check {monitor.PROMETHEUS_CONF} and its rules (promtool)",
-                         commands=[f"promtool check config {monitor.PROMETHEUS_CONF}"],
-                         _if=lambda ops=tuple(confs): any(u._did_change(op) for op in ops))
+            if c.config_check:
+                what, command = c.config_check
+                server.shell(name=f"Check {what}", commands=[command],
+                             _if=lambda ops=tuple(confs): any(lifecycle.did_change(op) for op in ops))
+        # the config files its command names (Service.files), as every service's
+        changed += lifecycle.ship_config_files(cp, s)
         if s.env_file:  # a container's --env-file
-            changed.append(u.ship(hostfiles.env_file(s, None)))
-        unit_op = u.ship(hostfiles.unit_file(cp, s))
-        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, *changed))
-        u.wait_ready(s, started)
+            changed.append(hostops.ship(hostfiles.env_file(s, None)))
+        unit_op = hostops.ship(hostfiles.unit_file(cp, s))
+        started = lifecycle.activate(s.unit, unit_op, lifecycle.changes(s, unit_op, *changed))
+        lifecycle.wait_ready(s, started)

@@ -15,22 +15,20 @@ JetStream clustered; docs/OPERATIONS.md "HA control plane").
 from pyinfra.api import deploy
 
 from m3deploy.deploy import hostfiles
-from roles import _units as u
-
-USER = "nats"  # created by the nats-server package
+from roles import hostops, lifecycle
 
 
 @deploy("Deploy NATS")
 def deploy_nats():
-    cp, hp = u.plans()
-    for s in u.services(hp, "nats"):
+    cp, hp = lifecycle.plans()
+    for s in lifecycle.role_services(hp, __name__):
         conf = hostfiles.nats_conf(cp, s)
         # the package's unit masked BEFORE installing, so its postinst cannot start it on 0.0.0.0:4222
-        u.install("nats-server", mask=hostfiles.nats_mask())
-        u.ensure_workdir(s, USER)
+        lifecycle.install(s.kind)
+        lifecycle.ensure_workdir(s, hostfiles.service_user(s))
         # m3_internal_tls: its certificate, key and the cluster CA (0600 nats), before the conf that names them
-        certs = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
-        conf_op = u.ship(conf)
-        unit_op, env_op = u.install_service(cp, s)
-        started = u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, conf_op, *certs))
-        u.wait_ready(s, started)
+        certs = lifecycle.ship_config_files(cp, s)
+        conf_op = hostops.ship(conf)
+        unit_op, env_op = lifecycle.install_service(cp, s)
+        started = lifecycle.activate(s.unit, unit_op, lifecycle.changes(s, unit_op, env_op, conf_op, *certs))
+        lifecycle.wait_ready(s, started)

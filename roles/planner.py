@@ -9,25 +9,30 @@ Runs after the serving check: the planner starts against a cluster that serves.
 """
 from pyinfra.api import deploy
 
-from m3deploy.core import internal_tls, planner
+from m3deploy.core import components
 from m3deploy.deploy import hostfiles
-from roles import _units as u
+from roles import lifecycle
 
 
 @deploy("Deploy the planner, its actuator and the standby agents")
 def deploy_planner():
-    cp, hp = u.plans()
-    svcs = [x for x in hp.services if x.kind in planner.KINDS]
-    # the scripts first, each once (one call site per script: pyinfra orders ops by call site across hosts)
-    scripts = {k: u.ship(hostfiles.project_file(*planner.SCRIPTS[k]), name=f"Ship {planner.SCRIPTS[k][1]}")
-               for k in planner.SCRIPTS if any(x.kind == k for x in svcs)}
-    if any(internal_tls.launcher(x) for x in svcs):
-        scripts["tls"] = u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}")
+    cp, hp = lifecycle.plans()
+    svcs = lifecycle.role_services(hp, __name__)  # the planner, the actuator, a standby agent
+    tls = components.TLS_LAUNCHER
+    # the scripts first, each once (one call site per script: pyinfra orders ops by call site across hosts): the
+    # actuator's and the agent's, then the TLS launcher (m3_internal_tls: the Dynamo clients' ExecStart starts with it)
+    kinds = {x.kind for x in svcs}
+    own = [x for c in components.all_components() if c.kind in kinds for x in c.scripts if x != tls]
+    scripts = {x: lifecycle.ship_script(x) for x in dict.fromkeys(own)}
+    if any(hostfiles.needs(x, tls) for x in svcs):
+        scripts[tls] = lifecycle.ship_script(tls)
     for s in svcs:
         if hostfiles.service_user(s) == hostfiles.M3_USER:
-            u.ensure_m3_user()
-        u.ensure_workdir(s, hostfiles.service_user(s))
-        ops = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
-        ops += [op for k, op in scripts.items() if k == s.kind or (k == "tls" and internal_tls.launcher(s))]
-        unit_op, env_op = u.install_service(cp, s)
-        u.wait_ready(s, u.activate(s.unit, unit_op, u.changes(s, unit_op, env_op, *ops), tracked=False))
+            lifecycle.ensure_m3_user()
+        lifecycle.ensure_workdir(s, hostfiles.service_user(s))
+        ops = lifecycle.ship_config_files(cp, s)
+        ops += [op for x, op in scripts.items() if hostfiles.needs(s, x)]
+        unit_op, env_op = lifecycle.install_service(cp, s)
+        started = lifecycle.activate(s.unit, unit_op, lifecycle.changes(s, unit_op, env_op, *ops),
+                                     tracked=components.get(s.kind).lifecycle.tracked)
+        lifecycle.wait_ready(s, started)

@@ -17,7 +17,7 @@ from m3deploy.controller import deployed
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
 from m3deploy.facts.deployed import parse_probe, probe_command
-from roles import _units
+from roles import lifecycle
 
 
 def _record(cp, hp):
@@ -40,4 +40,4 @@ def record_deployment():
     stale = (entry.get("planned") != deployed.planned(cp, hp)
              or entry.get("connect") != deployed.connection(host.data))  # how `m3deploy prune` reaches it
     python.call(name=f"Record what runs on the host ({deployed.record_path(cp.name)})", function=_record,
-                cp=cp, hp=hp, _if=lambda: stale or _units.started_anything())
+                cp=cp, hp=hp, _if=lambda: stale or lifecycle.started_anything())

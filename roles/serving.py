@@ -21,7 +21,7 @@ from m3deploy.check.verify import contract
 from m3deploy.controller import secrets
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
-from roles import _units
+from roles import lifecycle
 
 
 def endpoint_owner(cp) -> str:
@@ -109,4 +109,4 @@ def verify_serving():
         return
     # only when this run (re)started a service somewhere: a no-op re-run changes nothing (m3deploy verify checks)
     python.call(name=f"Frontend lists every worker and answers a request ({cp.endpoint})", function=_serving, cp=cp,
-                _if=_units.started_anything)
+                _if=lifecycle.started_anything)

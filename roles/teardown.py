@@ -33,7 +33,7 @@ from m3deploy.core.inputs import teardown_path_problem
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.context import InvalidPlan
 from m3deploy.deploy.hostfiles import ETC_DIR, MANIFEST, STAMP
-from roles import _units as u
+from roles import lifecycle
 
 
 class DeployManifest(FactBase):
@@ -81,7 +81,7 @@ def host_manifest(cp, hp) -> dict:
 
 @deploy("Tear down the MiniMax-M3 stack")
 def teardown():
-    cp, hp = u.plans()
+    cp, hp = lifecycle.plans()
     remove(host_manifest(cp, hp), keep=bool(cp.setting("m3_keep_caches")))
 
 

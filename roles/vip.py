@@ -20,14 +20,13 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from m3deploy.core import vip
+from m3deploy.core import components, vip
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import vipfiles
 from m3deploy.facts import AddressInterfaces, parse_ip_addr
-from roles import _units as u
-from roles._rollout import _run
+from roles import hostops, lifecycle
+from roles.hostops import run_on
 
-PACKAGE_UNIT = "keepalived.service"
 WAIT_S = 60
 
 
@@ -47,20 +46,20 @@ def _interface(cp, hp) -> str:
 
 @deploy("Deploy the cluster's address")
 def deploy_vip():
-    cp, hp = u.plans()
-    for s in u.services(hp, "vip"):
-        mask, *files = vipfiles.vip_files(cp, s, _interface(cp, hp))
-        u.install("keepalived", mask=mask, mask_name=f"Mask the package's {PACKAGE_UNIT}")
-        *confs, unit_op = [u.ship(f) for f in files]
-        u.activate(s.unit, unit_op, [unit_op, *confs, u.changes(s)[0]], why="its unit, config or track script "
-                   "changed")
+    cp, hp = lifecycle.plans()
+    for s in lifecycle.role_services(hp, __name__):
+        _mask, *files = vipfiles.vip_files(cp, s, _interface(cp, hp))  # the mask: install ships it
+        lifecycle.install(s.kind, mask_name=f"Mask the package's {components.get(s.kind).package_unit}")
+        *confs, unit_op = [hostops.ship(f) for f in files]
+        lifecycle.activate(s.unit, unit_op, [unit_op, *confs, lifecycle.changes(s)[0]],
+                           why="its unit, config or track script changed")
 
 
 def holding(cp) -> dict[str, bool]:
     """{control host: does it hold m3_vip now}, asked of every host at once (over the deploy's connections)."""
     address = vip.address(dict(cp.settings))
     names = [h for h, _ in vipfiles.holders(cp)]
-    jobs = {h: gevent.spawn(_run, h, "ip -o -4 addr show") for h in names}
+    jobs = {h: gevent.spawn(run_on, h, "ip -o -4 addr show") for h in names}
     gevent.joinall(list(jobs.values()))
     return {h: j.value[0] and address in parse_ip_addr(j.value[1]) for h, j in jobs.items()}
 
@@ -84,7 +83,7 @@ def _wait(cp) -> None:
 def wait_vip():
     from roles.serving import endpoint_owner
 
-    cp, hp = u.plans()
+    cp, hp = lifecycle.plans()
     if hp.name != endpoint_owner(cp) or not vip.enabled(dict(cp.settings)):
         return
     python.call(name=f"The cluster's address {vip.address(dict(cp.settings))} is held by exactly one control host",

@@ -53,7 +53,7 @@ from m3deploy.controller.secrets import require_private
 from m3deploy.core import fanout
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
-from roles import _units as u
+from roles import hostops
 
 TOKEN_PATH = "/etc/m3/hf_token"
 CONTAINER_CACHE = "/root/.cache/huggingface"
@@ -345,7 +345,7 @@ def _fan_out(hp, cp, root: str):
     addresses = [h.address for h in _weights_hosts(cp)]
     files.directory(name=f"Create {_hub(hp.weights_dir)}", path=_hub(hp.weights_dir), mode="755")
     apt.packages(name="Install rsync (weights fan-out)", packages=["rsync"], no_recommends=True, update=True,
-                 cache_time=3600, **u.APT_RETRIES)
+                 cache_time=3600, **hostops.APT_RETRIES)
     if p["senders"] or p["pulls"]:
         from m3deploy.controller.secrets import ensure_transfer_key
 

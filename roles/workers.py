@@ -6,7 +6,7 @@ the mocker, `docker run ...` for GPU engines), env, secret_env, env_file, workdi
 rank; kind "scripted" (the mocker cluster's tool-call engine) the same way. Mocker and scripted engines run
 files/m3-sim-engine.py, shipped to m3deploy.core.simengine.SIM_ENGINE. cluster_plan().rollout (m3_rollout,
 m3_rollout_max_unavailable): only the units whose unit file or env file (or that script) changed are restarted:
-one engine instance at a time by roles/_rollout.py (m3_rollout="rolling", the default), or here, per host, all
+one engine instance at a time by roles/rolling.py (m3_rollout="rolling", the default), or here, per host, all
 at once (`_if=op.did_change`, m3_rollout="all-at-once"). A container worker also restarts when roles/images.py put a
 new image under its image's name on the host in this run (`image_changed`).
 Native workers run as system user m3; container workers as root (docker). Dynamo workers' units revoke the
@@ -17,11 +17,9 @@ from pyinfra.operations import python
 
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
-from m3deploy.core import internal_tls
-from m3deploy.core.simengine import SIM_ENGINE
+from m3deploy.core import components
 from m3deploy.deploy import hostfiles
-from roles import _rollout
-from roles import _units as u
+from roles import lifecycle, rolling
 from roles.images import image_changed
 
 
@@ -33,42 +31,46 @@ def _wait_registered(cp, heads, timeout_s):
 
 @deploy("Deploy the workers")
 def deploy_workers():
-    cp, hp = u.plans()
-    workers = u.services(hp, "worker") + u.services(hp, "scripted")
+    cp, hp = lifecycle.plans()
+    workers = lifecycle.role_services(hp, __name__)  # worker, scripted (m3deploy.core.components)
     starts = []
-    rolling = cp.rollout.mode == "rolling"
+    in_turn = cp.rollout.mode == "rolling"
+
+    def rolled(s):  # restarted in turn by roles/rolling.py, after every host has its files
+        return in_turn and components.get(s.kind).lifecycle.activate == components.ROLLED
+
     if any(not s.image for s in workers):
-        u.ensure_m3_user()
+        lifecycle.ensure_m3_user()
     sim = []
-    if any(hostfiles.uses_sim_engine(s) for s in workers):  # native mocker/scripted engines (core.simengine); in a
-        sim.append(u.ship(hostfiles.sim_engine(), name=f"Ship {SIM_ENGINE}"))  # container the stand-in image holds it
-    if any(internal_tls.launcher(s) for s in workers):  # m3_internal_tls: ExecStart starts with it
-        sim.append(u.ship(hostfiles.tls_launcher(), name=f"Ship {internal_tls.LAUNCHER}"))
-    if any(hostfiles.unregisters_dead(s) for s in workers):  # read by the units' ExecStopPost: no restart on change
-        u.ship(hostfiles.unregister_script(), name=f"Ship {hostfiles.UNREGISTER_DEAD}")
+    if any(hostfiles.needs(s, components.SIM_ENGINE) for s in workers):  # native mocker/scripted engines; in a
+        sim.append(lifecycle.ship_script(components.SIM_ENGINE))  # container the stand-in image holds it
+    if any(hostfiles.needs(s, components.TLS_LAUNCHER) for s in workers):  # m3_internal_tls: ExecStart starts with it
+        sim.append(lifecycle.ship_script(components.TLS_LAUNCHER))
+    if any(hostfiles.needs(s, components.UNREGISTER_DEAD) for s in workers):  # read by ExecStopPost: no restart
+        lifecycle.ship_script(components.UNREGISTER_DEAD)
     for s in workers:
-        u.ensure_workdir(s, hostfiles.service_user(s))
+        c = components.get(s.kind)
+        lifecycle.ensure_workdir(s, hostfiles.service_user(s))
         # the config files its command names (TensorRT-LLM's engine YAML; an MPI world's hostfile, ssh configs and
         # 0600 keys): a change restarts it
-        cfg = [u.ship(f, name=f"Ship {f.path}") for f in hostfiles.config_files(s, u.secrets_for(cp))]
-        unit_op, env_op = u.install_service(cp, s, keep=s.kind == "worker")
-        if s.standby:  # m3_planner: installed, never enabled or started here; the actuator's agent runs it
-            u.stage(s.unit, unit_op, u.changes(s, unit_op, env_op, *cfg, *sim))
+        cfg = lifecycle.ship_config_files(cp, s)
+        unit_op, env_op = lifecycle.install_service(cp, s, keep=c.lifecycle.keep_previous)
+        if s.standby and c.lifecycle.standby == components.STAGED:  # m3_planner: the actuator's agent runs it
+            lifecycle.stage(s.unit, unit_op, lifecycle.changes(s, unit_op, env_op, *cfg, *sim))
             continue
         # a new image under the same name (a moved tag, a rebuilt stand-in) restarts the workers that run it
-        changed = u.changes(s, unit_op, env_op, *cfg, *sim, *filter(None, [s.image and image_changed(s.image)]))
-        # engine instances of the plan (cp.workers) are restarted in turn by roles/_rollout.py, after every host
-        # has its files; the scripted test engine is no planned worker and restarts here
-        roll = rolling and s.kind == "worker"
-        if roll:
-            _rollout.register(s, lambda ops=tuple(changed): any(u._did_change(op) for op in ops))
-        starts.append(u.activate(s.unit, unit_op, changed, rolled=roll))
+        changed = lifecycle.changes(s, unit_op, env_op, *cfg, *sim, *filter(None, [s.image and image_changed(s.image)]))
+        # engine instances of the plan (cp.workers) roll; the scripted test engine is no planned worker and restarts
+        # here
+        if rolled(s):
+            rolling.register(s, lambda ops=tuple(changed): any(lifecycle.did_change(op) for op in ops))
+        starts.append(lifecycle.activate(s.unit, unit_op, changed, rolled=rolled(s)))
     # all of this host's ranks start first, then the waits: engines load in parallel
     workers = [s for s in workers if not s.standby]
     for s, started in zip(workers, starts):
-        u.wait_ready(s, started)
-    # the ones started here; engine instances left to the rollout are waited for by roles/_rollout.py
-    heads = [s for s in workers if s.rank == 0 and metrics_url(hp, s) and not (rolling and s.kind == "worker")]
+        lifecycle.wait_ready(s, started)
+    # the ones started here; engine instances left to the rollout are waited for by roles/rolling.py
+    heads = [s for s in workers if s.rank == 0 and metrics_url(hp, s) and not rolled(s)]
     if cp.serving == "dynamo" and heads:
         timeout = max((s.readiness.timeout_s for s in heads if s.readiness), default=120)
         python.call(name=f"Wait until the frontend lists this host's {len(heads)} worker(s)",

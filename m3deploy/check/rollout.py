@@ -6,7 +6,7 @@ frontend's `generate` instances. Counting the frontend's entries is not enough: 
 twice (old and new entry) until the old lease expires, and a dead one stays listed that long (issue 12).
 It is *routable* once the frontend has sent it a request that it served (its generate counter grew).
 
-roles/_rollout.py drives the restarts over pyinfra's connections; m3deploy.check.readiness polls single services.
+roles/rolling.py drives the restarts over pyinfra's connections; m3deploy.check.readiness polls single services.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from m3deploy.check.checks import (
     metrics_url,
     parse_prometheus,
 )
-from m3deploy.core import monitor as M
+from m3deploy.core import monitor
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan
 
@@ -144,24 +144,24 @@ def _ids_registered(plan: ClusterPlan) -> set[int] | None:
 
 
 def _direct_worker(plan: ClusterPlan, h, s, text: str | None) -> WorkerRow:
-    row = WorkerRow(worker=s.worker, host=h.name, service=s.name, pool=M.pool_of(s), up=text is not None)
+    row = WorkerRow(worker=s.worker, host=h.name, service=s.name, pool=monitor.pool_of(s), up=text is not None)
     if text is None:
         return row
-    kv, buckets, ids = M.kv_usage_metric(plan), {}, set()
+    kv, buckets, ids = monitor.kv_usage_metric(plan), {}, set()
     for name, labels, value in parse_prometheus(text):
         if labels.get("worker_id"):
             ids.add(labels["worker_id"])
         gen = labels.get("dynamo_endpoint") == "generate"
-        if name == M.WK_INFLIGHT and gen:
+        if name == monitor.WK_INFLIGHT and gen:
             row.inflight = (row.inflight or 0) + value
-        elif name == M.WK_REQUESTS and gen:
+        elif name == monitor.WK_REQUESTS and gen:
             row.rps = (row.rps or 0) + value  # a counter here: _direct turns two of them into a rate
-        elif name == f"{M.WK_TTFT}_bucket":
+        elif name == f"{monitor.WK_TTFT}_bucket":
             le = float(labels.get("le", "inf").replace("+Inf", "inf"))
             buckets[le] = buckets.get(le, 0) + value
         elif kv and name == kv:
             row.kv_usage = max(row.kv_usage or 0, value)
-        elif name == M.WK_UPTIME:
+        elif name == monitor.WK_UPTIME:
             row.uptime_s = value
     row.ttft_p50_s, row.ttft_p99_s = quantile_from_buckets(buckets, 0.5), quantile_from_buckets(buckets, 0.99)
     row._ids = ids  # type: ignore[attr-defined]
@@ -180,7 +180,7 @@ def _control_direct(plan: ClusterPlan) -> list[ServiceRow]:
             if s.kind == "etcd" and up:
                 m = {n: v for n, _, v in parse_prometheus(_try(f"{r.url.rsplit('/', 1)[0]}/metrics") or "")}
                 detail = ("leader" if m.get("etcd_server_is_leader") == 1 else "follower") + \
-                    ("" if m.get(M.ETCD_HAS_LEADER, 1) == 1 else ", NO LEADER")
+                    ("" if m.get(monitor.ETCD_HAS_LEADER, 1) == 1 else ", NO LEADER")
                 members = sum(1 for x in plan.hosts for y in x.services if y.kind == "etcd")
                 detail += f", {members} planned member(s)"
             elif s.kind == "nats" and up:
@@ -205,7 +205,7 @@ _PREV: dict[tuple[str, str], tuple[float, float]] = {}  # direct mode: (host, se
 def _direct(plan: ClusterPlan, notes: list[str]) -> Snapshot:
     snap = Snapshot(plan.name, "direct /metrics", time.time(), notes=notes)
     pairs = instance_services(plan)
-    urls = {(t.host, t.service): f"http://{t.address}{t.path}" for t in M.targets(plan)
+    urls = {(t.host, t.service): f"http://{t.address}{t.path}" for t in monitor.targets(plan)
             if t.job in ("worker", "engine")}
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as ex:  # a standalone engine: its HTTP /metrics
         texts = list(ex.map(lambda hs: _try(metrics_url(*hs) or urls.get((hs[0].name, hs[1].name), "")), pairs))
@@ -257,12 +257,12 @@ def _from_prometheus(plan: ClusterPlan, prom: Prometheus, notes: list[str]) -> S
     inflight = q("m3:worker_inflight")
     rps = q("m3:worker_requests:rate1m")
     p50, p99 = q("m3:worker_ttft_seconds:p50"), q("m3:worker_ttft_seconds:p99")
-    kv = q("m3:worker_kv_usage:ratio") if M.kv_usage_metric(plan) else {}
-    restarts = q(M.restarts_expr(wk))
-    uptime = q(f'max by (host, service) ({M.WK_UPTIME}{{job="{wk}"}})')
+    kv = q("m3:worker_kv_usage:ratio") if monitor.kv_usage_metric(plan) else {}
+    restarts = q(monitor.restarts_expr(wk))
+    uptime = q(f'max by (host, service) ({monitor.WK_UPTIME}{{job="{wk}"}})')
     registered = _ids_registered(plan)
     ids: dict[tuple, set[str]] = {}
-    for m, _ in prom.query(f'{M.WK_REQUESTS}{{job="{wk}",dynamo_endpoint="generate"}}'):
+    for m, _ in prom.query(f'{monitor.WK_REQUESTS}{{job="{wk}",dynamo_endpoint="generate"}}'):
         ids.setdefault((m.get("host", ""), m.get("service", "")), set()).add(m.get("worker_id", ""))
 
     def num(d, k):
@@ -272,7 +272,7 @@ def _from_prometheus(plan: ClusterPlan, prom: Prometheus, notes: list[str]) -> S
     for h, s in instance_services(plan):
         k = (h.name, s.name)
         is_up = up.get(k) == 1
-        row = WorkerRow(worker=s.worker, host=h.name, service=s.name, pool=M.pool_of(s), up=is_up)
+        row = WorkerRow(worker=s.worker, host=h.name, service=s.name, pool=monitor.pool_of(s), up=is_up)
         if is_up:
             row.inflight, row.rps, row.ttft_p50_s, row.ttft_p99_s = (num(inflight, k), num(rps, k), num(p50, k),
                                                                      num(p99, k))
@@ -289,7 +289,7 @@ def _from_prometheus(plan: ClusterPlan, prom: Prometheus, notes: list[str]) -> S
 
 def snapshot(plan: ClusterPlan, source: str = "auto") -> Snapshot:
     """The cluster now. source: auto (Prometheus when the plan has it and it answers), prometheus, direct."""
-    base = M.prometheus_url(plan)
+    base = monitor.prometheus_url(plan)
     notes: list[str] = []
     if source in ("auto", "prometheus") and base:
         try:

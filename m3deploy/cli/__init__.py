@@ -173,7 +173,8 @@ def render_text(p, only_host=None, explain=False) -> str:
                 width = max(len(pv.key) for pv in s.provenance)
                 for pv in s.provenance:
                     val = "(removed)" if pv.value is None and pv.key.startswith("env:") else (pv.value or "")
-                    out.append(f"#   {pv.key.ljust(width)}  {val[:60]:60}  <- {pv.layer} ({pv.source})")
+                    setting = f" from {pv.setting}" if pv.setting else ""
+                    out.append(f"#   {pv.key.ljust(width)}  {val[:60]:60}  <- {pv.layer} ({pv.source}){setting}")
     return "\n".join(out)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from m3deploy.check import bench as B
+from m3deploy.check import bench as bench_suite
 from m3deploy.cli import fail, load
 from m3deploy.core.errors import M3Error
 
@@ -18,12 +18,12 @@ from m3deploy.core.errors import M3Error
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--profile", type=click.Choice(["seed", "sweep", "custom"]), default="seed", show_default=True,
               help="seed: the seed's workload exactly; sweep: concurrency 1, 2, 4, ... up to --concurrency "
-                   f"(default {B.SWEEP_CAP}); custom: the seed's workload with your flags.")
+                   f"(default {bench_suite.SWEEP_CAP}); custom: the seed's workload with your flags.")
 @click.option("--input-len", type=int, help="Random input tokens per prompt (seed: 2048).")
 @click.option("--output-len", type=int, help="Output tokens per request (seed: 1024).")
 @click.option("--num-prompts", type=int, help="Requests per run (seed: 100; sweep: 10 x concurrency).")
 @click.option("--concurrency", type=int, help="Max concurrency (seed: 10); a sweep's cap.")
-@click.option("--endpoint", type=click.Choice(list(B.ENDPOINTS)), help="completions (seed) or chat.")
+@click.option("--endpoint", type=click.Choice(list(bench_suite.ENDPOINTS)), help="completions (seed) or chat.")
 @click.option("--client", type=click.Choice(["auto", "vllm", "aiperf"]), default="auto", show_default=True,
               help="vllm: `vllm bench serve` in the worker's engine image on a worker host; aiperf: NVIDIA AIPerf "
                    "on the controller; auto: vllm when workers run in containers, else aiperf.")
@@ -48,27 +48,27 @@ def bench(inventory, profile, input_len, output_len, num_prompts, concurrency, e
     console = Console(stderr=True)
     try:
         inv, plan = load(inventory, data, facts=False)
-        w = B.workload(profile, input_len, output_len, num_prompts, concurrency, endpoint)
-        who = B.default_client(plan) if client == "auto" else client
+        w = bench_suite.workload(profile, input_len, output_len, num_prompts, concurrency, endpoint)
+        who = bench_suite.default_client(plan) if client == "auto" else client
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         out = Path(out_dir or os.path.join("bench", f"{plan.name}-{stamp}"))
         if dry_run:
-            click.echo(B.dry_run_text(plan, profile, w, who, image, out))
+            click.echo(bench_suite.dry_run_text(plan, profile, w, who, image, out))
             return
         if (out / "report.json").is_file():
             if compare_dir:  # two finished runs: compare only
-                B.need_client("none")  # the plots' matplotlib
-                B.compare_dirs(Path(compare_dir), out, console)
+                bench_suite.need_client("none")  # the plots' matplotlib
+                bench_suite.compare_dirs(Path(compare_dir), out, console)
                 return
             raise M3Error(f"{out}/report.json exists: a new run would overwrite it. Fix: another --out DIR "
                           f"(or --compare OLD --out {out} to compare that run with OLD without running)")
-        B.need_client(who)
-        report = B.run(plan, inv, profile, w, out, who, console, image, timeout_s)
+        bench_suite.need_client(who)
+        report = bench_suite.run(plan, inv, profile, w, out, who, console, image, timeout_s)
         click.echo(Path(out / "report.md").read_text())
         click.echo(f"report: {out}/ (report.json, report.md, " + ", ".join(
             sorted(p.name for p in out.glob("*.png"))) + ")")
         if compare_dir:
-            B.compare_dirs(Path(compare_dir), out, console)
+            bench_suite.compare_dirs(Path(compare_dir), out, console)
     except (M3Error, FileNotFoundError, ValueError) as e:
         fail(e if isinstance(e, M3Error) else M3Error(str(e)))
         return

@@ -27,26 +27,26 @@ def status(inventory, watch, interval, source, as_json, data):
     from rich.console import Console
     from rich.live import Live
 
-    from m3deploy.check import status as S
+    from m3deploy.check import status as cluster_status
 
     try:
         plan = load_plan(inventory, data, facts=False)
     except M3Error as e:
         fail(e)
         return
-    snap = S.snapshot(plan, source)
+    snap = cluster_status.snapshot(plan, source)
     if as_json:
         click.echo(json.dumps(snap.to_dict(), indent=2))
         raise SystemExit(0 if snap.ok else 1)
     con = Console()
     if not watch:
-        con.print(S.render(snap))
+        con.print(cluster_status.render(snap))
         raise SystemExit(0 if snap.ok else 1)
-    with Live(S.render(snap), console=con, refresh_per_second=4) as live:
+    with Live(cluster_status.render(snap), console=con, refresh_per_second=4) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(S.render(S.snapshot(plan, source)))
+                live.update(cluster_status.render(cluster_status.snapshot(plan, source)))
         except KeyboardInterrupt:
             pass
 

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from m3deploy.check import verify as V
+from m3deploy.check import verify as verify_suite
 from m3deploy.cli import fail, load
 from m3deploy.core.errors import M3Error
 
@@ -27,26 +27,26 @@ def verify(inventory, only_host, skip_smoke, report, as_json, data):
 
     try:
         inv, plan = load(inventory, data, facts=False)
-        checks = V.all_checks(plan, inv, only_host, smoke=not skip_smoke)
-        ctx = V.Context(plan, inv)  # reads m3_api_key_file: a missing or readable-by-others file stops here
+        checks = verify_suite.all_checks(plan, inv, only_host, smoke=not skip_smoke)
+        ctx = verify_suite.Context(plan, inv)  # reads m3_api_key_file: a missing or readable-by-others file stops here
     except M3Error as e:
         fail(e)
         return
     t0 = time.monotonic()
     try:
-        results = V.run_checks(checks, ctx)
+        results = verify_suite.run_checks(checks, ctx)
     finally:
         ctx.close()
     took = time.monotonic() - t0
-    notes = V.plan_notes(plan, not skip_smoke, only_host)
-    doc = V.to_json(plan, results, took, notes)
+    notes = verify_suite.plan_notes(plan, not skip_smoke, only_host)
+    doc = verify_suite.to_json(plan, results, took, notes)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
         con = Console()
         if not con.is_terminal:
             con = Console(width=160)
-        V.print_report(results, con, title=f"m3deploy verify {plan.name} ({plan.endpoint})", seconds=took,
+        verify_suite.print_report(results, con, title=f"m3deploy verify {plan.name} ({plan.endpoint})", seconds=took,
                      notes=notes)
     if report:
         with open(report, "w") as f:
@@ -54,6 +54,6 @@ def verify(inventory, only_host, skip_smoke, report, as_json, data):
                 json.dump(doc, f, indent=2)
                 f.write("\n")
             else:
-                f.write(V.render_text(results, title=f"m3deploy verify {plan.name} ({plan.endpoint})", seconds=took,
-                                    notes=notes))
+                f.write(verify_suite.render_text(results, title=f"m3deploy verify {plan.name} ({plan.endpoint})",
+                                                 seconds=took, notes=notes))
     raise SystemExit(0 if doc["ok"] else 1)

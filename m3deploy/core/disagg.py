@@ -21,7 +21,6 @@ back to the synchronous prefill path", the same file's --router-mode help).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from m3deploy.core import catalog, layout, settings
@@ -185,20 +184,11 @@ def parallel_name(s: Mapping[str, Any], pool: str) -> str:
     return str(pool_settings(s, pool).get("parallel") or s["m3_parallel"])
 
 
-def lay_pools(c: Any, workers: Sequence[Any], lay_workers: Callable, *args) -> tuple[list, dict[str, int]]:
-    """Each pool's workers over its hosts (build._lay_workers with the pool's parallelism); worker indices run
-    on across the pools (prefill first)."""
-    plans: list = []
-    slots: dict[str, int] = {}
-    pools = assign(c.s, workers)
-    for pool in POOLS:
-        mode, size, ep = parallel(c.s, pool)
-        cp = replace(c, mode=mode, size=size, ep=ep, pool=pool)
-        lay = layout.Layout(size, layout.gpus_per_host(workers[0].data))
-        got, used = lay_workers(cp, lay, pools[pool], *args, start=len(plans))
-        plans += got
-        slots = {h: max(n, slots.get(h, 0)) for h, n in used.items()}
-    return plans, slots
+def pools(s: Mapping[str, Any], workers: Sequence[Any]) -> list[tuple[str, tuple[str, int, bool], list[Any]]]:
+    """Each pool, prefill first: its name, its parallelism (mode, size, ep) and its hosts (core.build lays each
+    pool's workers over its hosts; worker indices run on across the pools)."""
+    hosts = assign(s, workers)
+    return [(pool, parallel(s, pool), hosts[pool]) for pool in POOLS]
 
 
 def ctx(s: Mapping[str, Any], pool: str, slot: int, size: int) -> dict[str, Any]:
@@ -213,32 +203,34 @@ def ctx(s: Mapping[str, Any], pool: str, slot: int, size: int) -> dict[str, Any]
             "kv_bytes_per_token": cfg.get("kv_bytes_per_token", catalog.catalog()["model"]["kv_bytes_per_token"])}
 
 
-def overrides(r: Any, s: Mapping[str, Any], pool: str, parse_args: Callable) -> None:
-    """The pool's own flags and env, over the cluster's (provenance cluster:m3_disagg.<pool>)."""
+def overrides(r: Any, s: Mapping[str, Any], pool: str, parse_args: Callable, source: str = SOURCE) -> None:
+    """The pool's own flags and env, over the cluster's (provenance cluster:m3_disagg.<pool>, from `source`: the
+    file or `--data` that set m3_disagg)."""
     if not pool:
         return
-    cfg, layer = pool_settings(s, pool), f"{LAYER}.{pool}"
+    cfg, layer, src = pool_settings(s, pool), f"{LAYER}.{pool}", source
     for key in cfg.get("unset") or ():
-        r.unset(str(key), layer, SOURCE)
+        r.unset(str(key), layer, src)
     for flag, value in parse_args(cfg.get("args") or []):
-        r.set_arg(flag, value, layer, SOURCE)
+        r.set_arg(flag, value, layer, src)
     for k, v in (cfg.get("env") or {}).items():
-        r.set_env(k, str(v), layer, SOURCE)
+        r.set_env(k, str(v), layer, src)
     if cfg.get("readiness_timeout_s"):
         r.readiness_timeout_s = int(cfg["readiness_timeout_s"])
-        r.provenance["readiness_timeout_s"] = (r.readiness_timeout_s, layer, SOURCE)
+        r.provenance["readiness_timeout_s"] = (r.readiness_timeout_s, layer, src)
 
 
-def ports(argv: Sequence[str], env: Mapping[str, str], address: str, rules: Mapping[str, Any]) -> list[Port]:
-    """The KV-transfer ports a disaggregated worker listens on, read back from what its layers set: the
-    bootstrap port (SGLang's --disaggregation-bootstrap-port, the mocker's --bootstrap-ports) and vLLM's NIXL
-    side channel (VLLM_NIXL_SIDE_CHANNEL_PORT). An engine whose bootstrap server binds every interface, with no
-    flag to choose one, says so in engines.yaml (`disagg_bootstrap_binds_all`): the plan says it too."""
+def ports(args: Mapping[str, Any], env: Mapping[str, str], address: str, rules: Mapping[str, Any]) -> list[Port]:
+    """The KV-transfer ports a disaggregated worker listens on, from what its layers set (the resolved recipe's
+    flags and env, before any argv is made): the bootstrap port (SGLang's --disaggregation-bootstrap-port, the
+    mocker's --bootstrap-ports) and vLLM's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT). An engine whose
+    bootstrap server binds every interface, with no flag to choose one, says so in engines.yaml
+    (`disagg_bootstrap_binds_all`): the plan says it too."""
     out = []
     bind = "0.0.0.0" if rules.get("disagg_bootstrap_binds_all") else address
     for flag in ("--disaggregation-bootstrap-port", "--bootstrap-ports"):
-        if flag in argv[:-1]:
-            out.append(Port("bootstrap", int(argv[list(argv).index(flag) + 1]), bind))
+        if args.get(flag) is not None:
+            out.append(Port("bootstrap", int(args[flag]), bind))
     if env.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):
         out.append(Port("nixl", int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), address))
     return out
@@ -250,6 +242,5 @@ def uses_fabric(svc: Any) -> bool:
 
 
 def pool_of(svc: Any) -> str:
-    """A worker's pool, read from its argv ('' when aggregated)."""
-    a = list(svc.argv)
-    return a[a.index("--disaggregation-mode") + 1] if "--disaggregation-mode" in a[:-1] else ""
+    """A worker's pool, as its builder decided it (Service.pool; '' when aggregated)."""
+    return svc.pool

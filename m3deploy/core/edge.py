@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from m3deploy.core import vip
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import Port, Readiness, Service
+from m3deploy.core.provenance import launch_provenance, provenance
 
 EDGE_UNIT = "m3-edge"
 EDGE_CONF = "/etc/m3/haproxy.cfg"
@@ -39,31 +39,17 @@ BACKEND = "frontends"
 FRONTEND = "edge"  # haproxy.cfg's frontend section (the VIP's track script asks its status)
 VIP_PORT = "vip"  # the edge's port on m3_vip (bound with `transparent`: held by one control host at a time)
 TLS_SECRET = "edge-pem"  # the secrets_for() entry holding EDGE_PEM's text (never in the plan)
-KEYS_SECRET = "edge-api-key-hashes"  # the secrets_for() entry holding EDGE_KEYS's text
+KEYS_SECRET = "edge-api-key-hashes"
+SOURCE = "m3deploy/core/edge.py"  # the secrets_for() entry holding EDGE_KEYS's text
 
 
 def enabled(s: Mapping[str, Any]) -> bool:
     return bool(s.get("m3_edge")) and s.get("m3_serving") == "dynamo"
 
 
-def _set_arg(argv: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:
-    i = argv.index(flag)
-    return argv[:i + 1] + (value,) + argv[i + 2:]
-
-
-def frontends(fe: Service, n: int) -> list[Service]:
-    """`fe` (the plan's m3-frontend) and n-1 more of it on the same host: m3-frontend-<i>, port + i, own HOME."""
-    out = [fe]
-    port = next(p for p in fe.ports if p.name == "http")
-    for i in range(1, n):
-        name = f"{fe.name}-{i}"
-        env = tuple((k, v.replace(fe.workdir, f"{fe.workdir}-{i}") if k == "HOME" else v) for k, v in fe.env)
-        argv = _set_arg(fe.argv, "--http-port", str(port.port + i)) if "--http-port" in fe.argv else fe.argv
-        url = fe.readiness.url.replace(f":{port.port}/", f":{port.port + i}/") if fe.readiness else ""
-        out.append(replace(fe, name=name, argv=argv, env=env, ports=(replace(port, port=port.port + i),),
-                           readiness=replace(fe.readiness, url=url) if fe.readiness else None,
-                           env_file=fe.env_file.replace(fe.name, name), workdir=f"{fe.workdir}-{i}"))
-    return out
+def frontend_count(s: Mapping[str, Any]) -> int:
+    """How many frontends each control host runs: m3_edge_frontends behind the edge, else one."""
+    return int(s["m3_edge_frontends"]) if enabled(s) else 1
 
 
 def server_name(s: Service) -> str:
@@ -73,9 +59,11 @@ def server_name(s: Service) -> str:
 
 def edge_service(host: str, address: str, port: int, fronts: list[Service], vip: str = "") -> Service:
     """The edge on `host`: HTTPS on its address, and on the cluster's address (m3_vip) when there is one."""
+    argv = ("/usr/sbin/haproxy", "-Ws", "-f", EDGE_CONF, "-p", f"{EDGE_RUN}/haproxy.pid")
     return Service(
-        name=EDGE_UNIT, kind="edge", host=host,
-        argv=("/usr/sbin/haproxy", "-Ws", "-f", EDGE_CONF, "-p", f"{EDGE_RUN}/haproxy.pid"),
+        name=EDGE_UNIT, kind="edge", host=host, argv=argv,
+        provenance=launch_provenance(argv[:1], "feature:m3_edge", SOURCE) + provenance(argv, (), "feature:m3_edge",
+                                                                                         SOURCE),
         ports=(Port("https", port, address),) + ((Port(VIP_PORT, port, vip),) if vip else ()),
         readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60),
         after=tuple(f"{f.host}/{f.name}" for f in fronts if f.host == host))
@@ -85,19 +73,16 @@ def endpoint(address: str, port: int) -> str:
     return f"https://{url_host(address)}:{port}/v1"
 
 
-def apply(services: dict[str, list[Service]], control: list[str], addr: Mapping[str, str],
+def add_services(services: dict[str, list[Service]], control: list[str], addr: Mapping[str, str],
           s: Mapping[str, Any]) -> str:
-    """Add the extra frontends and the edge to each control host's services (in place); return the endpoint."""
-    n, port = int(s["m3_edge_frontends"]), int(s["m3_edge_port"])
-    for c in control:
-        fe = next(x for x in services[c] if x.kind == "frontend")
-        at = services[c].index(fe)
-        services[c][at:at + 1] = frontends(fe, n)
+    """Add the edge (and keepalived, m3_vip) to each control host's services, in front of every frontend of the
+    cluster (core.control built them, m3_edge_frontends per host); return the endpoint."""
+    port = int(s["m3_edge_port"])
     fronts = [x for c in control for x in services[c] if x.kind == "frontend"]
     address = vip.address(s)
     for c in control:
         services[c].append(edge_service(c, addr[c], port, fronts, address))
-    vip.apply(services, control, s)  # keepalived on each control host, after its edge
+    vip.add_services(services, control, s)  # keepalived on each control host, after its edge
     return endpoint(address or addr[control[0]], port)
 
 

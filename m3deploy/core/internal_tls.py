@@ -23,11 +23,10 @@ Pure plan data, no I/O. With m3_internal_tls (Dynamo with a control group) the p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from m3deploy.core.inputs import url_host
-from m3deploy.core.model import Port, Service
+from m3deploy.core.model import Service
 
 TLS_DIR = "/etc/m3/tls"
 ETCD_METRICS = 2381  # etcd's plain-HTTP /health and /metrics (no key space) beside its https client port
@@ -46,7 +45,6 @@ FILE_ENV = {"ca": "M3_ETCD_CA_FILE", "crt": "M3_ETCD_CERT_FILE", "key": "M3_ETCD
 # CommonName, and log in with the password (files/m3-unregister-dead.py).
 COMMON_NAME = {"client": "m3"}
 ETCD_LOGIN_ENV = {"ETCD_AUTH_USERNAME": "M3_ETCD_USER", "ETCD_AUTH_PASSWORD": "M3_ETCD_PASSWORD"}
-_USERS = {"etcd": "etcd", "nats": "nats"}  # the packages' users (m3deploy.deploy.hostfiles.service_user)
 
 
 def enabled(s: Mapping[str, Any]) -> bool:
@@ -70,83 +68,77 @@ def is_tls_ref(ref: str) -> bool:
     return ref == CA_REF or ref.startswith(("tls-cert:", "tls-key:"))
 
 
-def owner(s: Service) -> str:
-    """Who reads a service's TLS files: etcd/NATS their package's user, a container root, a native process m3."""
-    return _USERS.get(s.kind) or ("root" if s.image else "m3")
-
-
 def common_name(who: str) -> str:
     return COMMON_NAME.get(who, "")
 
 
 def paths(s: Service, who: str = "") -> dict[str, str]:
-    n = f"{s.name}-{who}" if who == "gateway" else s.name
-    return {"ca": f"{TLS_DIR}/{s.name}-ca.crt", "crt": f"{TLS_DIR}/{n}.crt", "key": f"{TLS_DIR}/{n}.key"}
+    return paths_of(s.name, who)
 
 
-def _files(s: Service, who: str) -> tuple[tuple[str, str], ...]:
-    p = paths(s, who)
+def paths_of(name: str, who: str = "") -> dict[str, str]:
+    """The TLS files of service `name`: its CA, and the certificate and key of identity `who` (a `gateway` one
+    has its own names; every other identity the service's)."""
+    n = f"{name}-{who}" if who == "gateway" else name
+    return {"ca": f"{TLS_DIR}/{name}-ca.crt", "crt": f"{TLS_DIR}/{n}.crt", "key": f"{TLS_DIR}/{n}.key"}
+
+
+def files(name: str, host: str, who: str) -> tuple[tuple[str, str], ...]:
+    """(path, secret ref) of service `name`'s TLS files for identity `who` (Service.secret_files)."""
+    p = paths_of(name, who)
     return (((p["ca"], CA_REF),) if who != "gateway" else ()) + (
-        (p["crt"], cert_ref(s.host, who)), (p["key"], key_ref(s.host, who)))
+        (p["crt"], cert_ref(host, who)), (p["key"], key_ref(host, who)))
 
 
-def _etcd(s: Service, address: str) -> Service:
-    p, u = paths(s), url_host(address)
-    argv = tuple(a.replace("http://", "https://") for a in s.argv) + (
-        "--cert-file", p["crt"], "--key-file", p["key"], "--trusted-ca-file", p["ca"], "--client-cert-auth",
-        "--peer-cert-file", p["crt"], "--peer-key-file", p["key"], "--peer-trusted-ca-file", p["ca"],
-        "--peer-client-cert-auth", "--listen-metrics-urls", f"http://{u}:{ETCD_METRICS}")
-    env = tuple((k, v.replace("http://", "https://")) for k, v in s.env)
-    if any(k == "M3_ETCD_URL" for k, _ in env):  # the auth script (files/m3-etcd-auth.py) logs in as a client
-        env += (("M3_ETCD_CA", p["ca"]), ("M3_ETCD_CERT", p["crt"]), ("M3_ETCD_KEY", p["key"]))
-    ready = replace(s.readiness, url=f"http://{u}:{ETCD_METRICS}/health") if s.readiness else None
-    return replace(s, argv=argv, env=env, readiness=ready, secret_files=s.secret_files + _files(s, "etcd"),
-                   ports=s.ports + (Port("metrics", ETCD_METRICS, address),))
+def etcd_flags(name: str, address: str) -> tuple[str, ...]:
+    """etcd's TLS flags (clients and peers show a certificate of the cluster CA) and its plain metrics listener."""
+    p = paths_of(name)
+    return ("--cert-file", p["crt"], "--key-file", p["key"], "--trusted-ca-file", p["ca"], "--client-cert-auth",
+            "--peer-cert-file", p["crt"], "--peer-key-file", p["key"], "--peer-trusted-ca-file", p["ca"],
+            "--peer-client-cert-auth", "--listen-metrics-urls", f"http://{url_host(address)}:{ETCD_METRICS}")
 
 
-def _dynamo(s: Service) -> Service:
-    p, gw = paths(s), paths(s, "gateway")
-    env = tuple((ETCD_LOGIN_ENV.get(k, k), v.replace("http://", "https://") if k == "ETCD_ENDPOINTS" else
-                 v.replace("nats://", "tls://") if k == "NATS_SERVER" else v) for k, v in s.env)
-    env += tuple((name, p[kind]) for kind, name in NATS_ENV.items())
-    env += tuple((name, gw[kind]) for kind, name in FILE_ENV.items())
-    secret_env = tuple((ETCD_LOGIN_ENV.get(k, k), ref) for k, ref in s.secret_env)
-    docker = (("-v", f"{TLS_DIR}:{TLS_DIR}:ro") + tuple(a for n in ETCD_ENV for a in ("-e", n))) if s.image else ()
-    return replace(s, env=env, secret_env=secret_env, docker_args=s.docker_args + docker,
-                   secret_files=s.secret_files + _files(s, "client") + _files(s, "gateway"))
+def etcd_login_env(name: str) -> tuple[tuple[str, str], ...]:
+    """The auth script's client files (files/m3-etcd-auth.py logs in to etcd as a client)."""
+    p = paths_of(name)
+    return (("M3_ETCD_CA", p["ca"]), ("M3_ETCD_CERT", p["crt"]), ("M3_ETCD_KEY", p["key"]))
 
 
-def launcher(s: Service) -> tuple[str, ...]:
-    """What a Dynamo client's ExecStart starts with (LAUNCHER and its three files), or ()."""
-    if not any(ref == cert_ref(s.host, "client") for _, ref in s.secret_files):
-        return ()
-    p = paths(s)
+def login_name(env_name: str, tls: bool) -> str:
+    """A Dynamo client's etcd login variable: with TLS, our scripts' name (Dynamo then logs in by certificate)."""
+    return ETCD_LOGIN_ENV.get(env_name, env_name) if tls else env_name
+
+
+def client_scheme(tls: bool) -> str:
+    """NATS_SERVER's scheme: the runtime refuses TLS settings with a `nats://` URL."""
+    return "tls" if tls else "nats"
+
+
+def client_env(name: str) -> tuple[tuple[str, str], ...]:
+    """A Dynamo client's TLS env beside its others: the NATS client files (paths), then our own etcd clients'."""
+    p, gw = paths_of(name), paths_of(name, "gateway")
+    return tuple((env, p[kind]) for kind, env in NATS_ENV.items()) + tuple(
+        (env, gw[kind]) for kind, env in FILE_ENV.items())
+
+
+def client_files(name: str, host: str) -> tuple[tuple[str, str], ...]:
+    return files(name, host, "client") + files(name, host, "gateway")
+
+
+def client_docker(image: str | None) -> tuple[str, ...]:
+    """A container client: the TLS directory read-only and the PEM variables LAUNCHER exports passed in."""
+    return (("-v", f"{TLS_DIR}:{TLS_DIR}:ro") + tuple(a for n in ETCD_ENV for a in ("-e", n))) if image else ()
+
+
+def client_launcher(name: str) -> tuple[str, ...]:
+    """What a Dynamo client's ExecStart starts with: LAUNCHER and its three files."""
+    p = paths_of(name)
     return (LAUNCHER, p["ca"], p["crt"], p["key"])
-
-
-def _client(s: Service) -> bool:
-    return any(k == "ETCD_ENDPOINTS" for k, _ in s.env)
-
-
-def apply(services: dict[str, list[Service]], addr: Mapping[str, str], s: Mapping[str, Any]) -> None:
-    """With m3_internal_tls: etcd, NATS and every Dynamo client of them (in place; see the module doc)."""
-    if not enabled(s):
-        return
-    for h, svcs in services.items():
-        for i, x in enumerate(svcs):
-            if x.kind == "etcd":
-                svcs[i] = _etcd(x, addr[h])
-            elif x.kind == "nats":
-                svcs[i] = replace(x, secret_files=x.secret_files + _files(x, "nats"))
-            elif _client(x):
-                svcs[i] = _dynamo(x)
 
 
 def nats_tls(s: Service) -> dict[str, str] | None:
     """nats.conf's tls blocks (nats.conf.j2), or None without m3_internal_tls."""
-    if not any(ref == cert_ref(s.host, "nats") for _, ref in s.secret_files):
-        return None
-    return paths(s)
+    return paths(s) if s.tls else None
 
 
 def problems(s: Mapping[str, Any], n_control: int) -> list[str]:

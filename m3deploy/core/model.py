@@ -40,6 +40,9 @@ class Provenance:
     value: str | None
     layer: str  # "base", "variant:nvfp4", "platform:gb200", "cluster:m3_extra_args", "facts:rdma"
     source: str  # the file the layer lives in, e.g. "m3deploy/core/data/layers/30-platforms.yaml"
+    # the inventory setting a layer's `{placeholder}` or the plan took the value from, and where that was set:
+    # "m3_parallel = 'tp8' (group_data/h200.py)", "m3_address (inventories/h200.py)", "m3_edge_frontends (--data)"
+    setting: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,13 @@ class Service:
     # m3_planner: a worker of a `standby` host: installed, never enabled or started by the deploy; the planner's
     # actuator starts and stops it (m3deploy.core.planner)
     standby: bool = False
+    # decisions the builders made, read by roles, checks and hostfiles (never parsed back from argv or env);
+    # not in `plan --json` (their effect is: the argv, env and files above)
+    pool: str = ""  # m3_disagg: the worker's pool, "prefill" | "decode"; "" aggregated (m3deploy.core.disagg)
+    mpi: str = ""  # a multi-host worker launched as one MPI world: "launcher" (rank 0) | "follower" (m3deploy.core.mpi)
+    frontend_index: int = -1  # a frontend's index on its host: 0 m3-frontend, i m3-frontend-<i> (m3_edge)
+    launcher: tuple[str, ...] = ()  # what ExecStart starts with before the command (m3_internal_tls: files/m3-tls-env)
+    tls: bool = False  # m3_internal_tls: the service speaks TLS with client certificates (nats.conf's tls blocks)
 
     @property
     def unit(self) -> str:
@@ -172,7 +182,7 @@ class WeightsPlan:
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """How the deploy restarts changed worker units (roles/_rollout.py, roles/workers.py, docs/OPERATIONS.md)."""
+    """How the deploy restarts changed worker units (roles/rolling.py, roles/workers.py, docs/OPERATIONS.md)."""
 
     mode: str  # m3_rollout: "rolling" (engine instances drained and restarted in turn) | "all-at-once"
     max_unavailable: int  # m3_rollout_max_unavailable: engine instances drained and restarted together
@@ -305,7 +315,8 @@ def _service_dict(s: Service, provenance: bool) -> dict[str, Any]:
         "nnodes": s.nnodes, "devices": list(s.devices), **({"files": dict(s.files)} if s.files else {}),
         **({"secret_files": dict(s.secret_files)} if s.secret_files else {}),
         **({"standby": True} if s.standby else {}),
-        **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source}
+        **({"provenance": [{"key": p.key, "value": p.value, "layer": p.layer, "source": p.source,
+                            **({"setting": p.setting} if p.setting else {})}
                            for p in s.provenance]} if provenance else {}),
     }
 

@@ -31,17 +31,14 @@ from typing import Any
 from m3deploy.core import catalog, settings
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, HostPlan, Port, Readiness, Service
+from m3deploy.core.provenance import launch_provenance, provenance
 
 MONITOR_GROUP = "monitor"
 PROMETHEUS, NODE_EXPORTER, NATS_EXPORTER, GPU_EXPORTER = (
     "m3-prometheus", "m3-node-exporter", "m3-nats-exporter", "m3-gpu-exporter")
-KINDS = ("node-exporter", "nats-exporter", "gpu-exporter", "prometheus")  # deploy order on a host
 PROMETHEUS_CONF = "/etc/m3/prometheus.yml"
 PROMETHEUS_RULES = "/etc/m3/prometheus-rules.yml"
 NATS_EXPORTER_SCRIPT = "/usr/local/lib/m3/m3-nats-exporter.py"
-# the Debian packages and their binaries (bookworm: prometheus 2.42.0, prometheus-node-exporter 1.5.0)
-PACKAGES = {"prometheus": "prometheus", "node-exporter": "prometheus-node-exporter"}
-PACKAGE_UNITS = ("prometheus.service", "prometheus-node-exporter.service")  # masked: they bind all addresses
 
 # ------------------------------------------------------------------------------------------- metric names
 # Dynamo 1.6.1 (ai-dynamo-runtime 1.6.1: dynamo/prometheus_names.py; seen on a 1.6.1 frontend and mocker)
@@ -120,7 +117,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
         a = addr[h.name]
         u = url_host(a)
         port = int(s["m3_node_exporter_port"])
-        services[h.name].append(Service(
+        services[h.name].append(_service(
             name=NODE_EXPORTER, kind="node-exporter", host=h.name,
             argv=("/usr/bin/prometheus-node-exporter", f"--web.listen-address={u}:{port}"),
             ports=(Port("metrics", port, a),),
@@ -129,7 +126,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
         if nats is not None:
             monitor_port = next(p.port for p in nats.ports if p.name == "monitor")
             port = int(s["m3_nats_exporter_port"])
-            services[h.name].append(Service(
+            services[h.name].append(_service(
                 name=NATS_EXPORTER, kind="nats-exporter", host=h.name,
                 argv=("/usr/bin/python3", NATS_EXPORTER_SCRIPT, "--listen", f"{u}:{port}",
                       "--varz", f"http://{u}:{monitor_port}/varz"),
@@ -140,7 +137,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
         if exp:
             port = int(exp["port"])
             fill = {"address": url_host(a), "port": port, "container_port": int(exp.get("container_port", port))}
-            services[h.name].append(Service(
+            services[h.name].append(_service(
                 name=GPU_EXPORTER, kind="gpu-exporter", host=h.name,
                 argv=tuple(str(x).format(**fill) for x in exp["argv"]), image=str(exp["image"]),
                 docker_args=tuple(str(x).format(**fill) for x in exp.get("docker", ())),
@@ -149,7 +146,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
         if h is mon:
             port = int(s["m3_prometheus_port"])
             workdir = f"{state_dir}/prometheus"
-            services[h.name].append(Service(
+            services[h.name].append(_service(
                 name=PROMETHEUS, kind="prometheus", host=h.name,
                 argv=("/usr/bin/prometheus", f"--config.file={PROMETHEUS_CONF}",
                       f"--storage.tsdb.path={workdir}/data",
@@ -158,6 +155,15 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
                       f"--web.listen-address={u}:{port}"),
                 ports=(Port("http", port, a),), workdir=workdir,
                 readiness=Readiness(kind="http", url=f"http://{u}:{port}/-/ready", timeout_s=120)))
+
+
+def _service(**fields) -> Service:
+    """A monitoring service, with the provenance of each of its flags (m3_monitor; the GPU exporter's from
+    catalog.yaml)."""
+    source = "m3deploy/core/data/catalog.yaml" if fields["kind"] == "gpu-exporter" else "m3deploy/core/monitor.py"
+    argv = fields["argv"]
+    return Service(**fields, provenance=launch_provenance(argv[:1], "feature:m3_monitor", source)
+                   + provenance(argv, (), "feature:m3_monitor", source))
 
 
 def _gpu_vendor(h) -> str:
@@ -201,12 +207,8 @@ JOBS = ("frontend", "worker", "engine", "etcd", "nats", "node", "gpu", "promethe
 
 
 def pool_of(s: Service) -> str:
-    """A worker's pool: its --disaggregation-mode (prefill, decode), else agg."""
-    argv = list(s.argv)
-    if "--disaggregation-mode" in argv[:-1]:
-        mode = argv[argv.index("--disaggregation-mode") + 1]
-        return mode if mode in ("prefill", "decode") else "agg"
-    return "agg"
+    """A worker's pool label: its pool (Service.pool: prefill, decode), else agg."""
+    return s.pool or "agg"
 
 
 def targets(plan: ClusterPlan) -> list[Target]:

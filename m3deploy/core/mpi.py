@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from m3deploy.core.model import Port, Provenance, Readiness, Service, WorkerPlan
+from m3deploy.core.model import Port, Provenance, Readiness, Service
 
 # the controller's secrets (m3deploy.controller.secrets.PAIRS makes each private key with its public half)
 SSH_KEY, SSH_KEY_PUB, HOST_KEY, HOST_KEY_PUB = "mpi-ssh-key", "mpi-ssh-key-pub", "mpi-host-key", "mpi-host-key-pub"
@@ -44,25 +44,6 @@ def paths(slot: int) -> dict[str, str]:
 def spec(rules: Mapping[str, Any], serving: str) -> Mapping[str, Any] | None:
     """The engine's MPI launch for this serving mode, or None (one process per host)."""
     return (rules.get("mpi_world") or {}).get(serving)
-
-
-def apply(services: dict[str, list[Service]], workers: list[WorkerPlan], rules: Mapping[str, Any],
-          serving: str, addr: Mapping[str, str]) -> None:
-    """Rewrite, in place, every multi-host worker's ranks into one MPI world started by rank 0's unit."""
-    mpi = spec(rules, serving)
-    if not mpi:
-        return
-    for w in workers:
-        if len(w.hosts) < 2:
-            continue
-        refs = [ref.split("/", 1) for ref in w.services]
-        ranks = [next(s for s in services[h] if s.name == n) for h, n in refs]
-        port = int(mpi["ssh_port"]) + _slot(ranks[0])
-        followers = [_follower(s, mpi, port, addr[s.host], addr[ranks[0].host]) for s in ranks[1:]]
-        for old, new in zip(ranks[1:], followers):
-            services[old.host][services[old.host].index(old)] = new
-        head = _rank0(ranks[0], mpi, port, [(addr[s.host], len(s.devices) or 1) for s in ranks], followers)
-        services[head.host][services[head.host].index(ranks[0])] = head
 
 
 def _slot(s: Service) -> int:
@@ -85,8 +66,10 @@ def _without_files(s: Service) -> list[str]:
     return out
 
 
-def _rank0(s: Service, mpi: Mapping[str, Any], port: int, hosts: list[tuple[str, int]],
-           followers: list[Service]) -> Service:
+def launcher(s: Service, mpi: Mapping[str, Any], port: int, hosts: list[tuple[str, int]],
+             followers: list[str]) -> Service:
+    """Rank 0 of a multi-host worker (`s`: its rank's service as one process would run it) as the MPI world's
+    launcher: mpirun over every rank (`hosts`: each rank's address and GPUs), after its `followers` ("host/unit")."""
     p = paths(_slot(s))
     # rank 0's plan env reaches every rank; its secrets (etcd/NATS passwords) only rank 0, which alone runs Dynamo
     forward = list(dict.fromkeys([*mpi["forward"], *(k for k, _ in s.env)]))
@@ -106,10 +89,12 @@ def _rank0(s: Service, mpi: Mapping[str, Any], port: int, hosts: list[tuple[str,
                                                                           p["known_hosts"])),
         files=s.files + ((p["hosts"], "".join(f"{a} slots={n}\n" for a, n in hosts)), (p["ssh_config"], ssh_config)),
         secret_files=s.secret_files + ((p["key"], SSH_KEY), (p["known_hosts"], known)),
-        after=s.after + tuple(f"{f.host}/{f.name}" for f in followers), provenance=s.provenance + (prov,))
+        after=s.after + tuple(followers), provenance=s.provenance + (prov,), mpi="launcher")
 
 
-def _follower(s: Service, mpi: Mapping[str, Any], port: int, address: str, master: str) -> Service:
+def follower(s: Service, mpi: Mapping[str, Any], port: int, address: str, master: str) -> Service:
+    """A rank > 0 of a multi-host worker as an MPI follower: only an sshd in the same image (rank 0's mpirun starts
+    its MPI ranks through it)."""
     p = paths(_slot(s))
     sshd_config = (f"Port {port}\nListenAddress {address}\nHostKey {p['host_key']}\n"
                    f"AuthorizedKeysFile {p['authorized_keys']}\nPermitRootLogin prohibit-password\nAllowUsers root\n"
@@ -127,7 +112,7 @@ def _follower(s: Service, mpi: Mapping[str, Any], port: int, address: str, maste
                       (p["authorized_keys"], f'restrict,from="{master}" {{{SSH_KEY_PUB}}}\n')),
         ports=(Port("mpi-ssh", port, address),),
         readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60), after=(),
-        provenance=(Provenance("mpi:sshd", " ".join(argv), "plan:mpi-world", SOURCE),))
+        provenance=(Provenance("mpi:sshd", " ".join(argv), "plan:mpi-world", SOURCE),), mpi="follower")
 
 
 def forwarded(s: Service, names) -> Service:

@@ -27,6 +27,7 @@ from typing import Any
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import Port, Readiness, Service, WorkerPlan
 from m3deploy.core.planner_settings import bounds, settings_of
+from m3deploy.core.provenance import provenance
 
 PLANNER_UNIT, ACTUATOR_UNIT = "m3-planner", "m3-planner-actuator"
 PLANNER_CONF = "/etc/m3/planner.json"
@@ -34,7 +35,6 @@ ACTUATOR_CONF = "/etc/m3/planner-actuator.json"
 ACTUATOR = "/usr/local/lib/m3/m3-planner-actuator.py"  # files/m3-planner-actuator.py
 AGENT_UNIT, AGENT = "m3-standby-agent", "/usr/local/lib/m3/m3-standby-agent.py"  # files/m3-standby-agent.py
 AGENT_CONF = "/etc/m3/standby-agent.json"
-KINDS = ("planner", "actuator", "standby-agent")  # the services this module adds (roles/planner.py)
 SCRIPTS = {"actuator": ("files/m3-planner-actuator.py", ACTUATOR),  # (project file, host path)
            "standby-agent": ("files/m3-standby-agent.py", AGENT)}
 STANDBY_GROUP = "standby"
@@ -134,47 +134,50 @@ def planner_config(p: Mapping[str, Any], lo: int, hi: int, backend: str, model: 
     return conf
 
 
-def apply(services: dict[str, list[Service]], worker_plans: list[WorkerPlan], hosts: list, addr: Mapping[str, str],
-          s: Mapping[str, Any], served: str) -> list[WorkerPlan]:
-    """Mark the standby hosts' workers `standby`, add the planner and the actuator to the first control host (in
-    place); return the planned workers without the standby ones (verify expects only those serving)."""
+def standby_hosts(s: Mapping[str, Any], hosts: list) -> frozenset[str]:
+    """The standby hosts' names (their workers are staged, not started), with m3_planner on."""
+    return frozenset(h.name for h in hosts if STANDBY_GROUP in h.groups and "workers" in h.groups) \
+        if enabled(s) else frozenset()
+
+
+def services(c: Any, services: dict[str, list[Service]], worker_plans: list[WorkerPlan], hosts: list,
+             addr: Mapping[str, str]) -> list[WorkerPlan]:
+    """Add the planner and the actuator to the first control host and an agent to each standby host (new services;
+    the standby workers were built standby: core.worker); return the planned workers without the standby ones
+    (verify expects only those serving). `c`: the build's shared choices (core.build._Common)."""
+    from m3deploy.core import control
+
+    s = c.s
     groups = {g: [h.name for h in hosts if g in h.groups] for g in ("control", "workers", STANDBY_GROUP)}
     # m3_monitor's Prometheus: the `monitor` group's first host, else the first control host (core.monitor)
     mon = next((h for g in ("monitor", "control") for h in hosts if g in h.groups), None) if s.get("m3_monitor") \
         else None
     prometheus = f"http://{url_host(addr[mon.name])}:{s['m3_prometheus_port']}" if mon else ""
     standby = [h for h in groups.get(STANDBY_GROUP, []) if h in services]
-    prof = profile_files(s) if s.get("m3_engine") == "mocker" else ()
-    mocker = bool(prof)
-    for h in groups.get("workers", []):  # the mocker's timings from the profile the planner is told about
-        services[h] = [replace(x, standby=h in standby, files=x.files + prof,
-                               argv=x.argv + (("--planner-profile-data", PROFILE_DIR) if mocker else ()))
-                       if x.kind == "worker" else x for x in services[h]]
     kept = [w for w in worker_plans if not set(w.hosts) & set(standby)]
     ctl = groups["control"][0]
-    fe = next(x for x in services[ctl] if x.kind == "frontend")
     p = settings_of(s)
     lo, hi = bounds(p, len(kept), len(worker_plans) - len(kept))
-    home = fe.workdir.rsplit("/", 1)[0]
-    env = tuple((k, f"{home}/{PLANNER_UNIT}" if k == "HOME" else v) for k, v in fe.env)
-    conf = planner_config(p, lo, hi, str(s.get("m3_engine")), served, prometheus)  # PlannerConfig.backend
-    venv_python = fe.argv[0]
-    planner = Service(
-        name=PLANNER_UNIT, kind="planner", host=ctl, argv=(venv_python, "-m", "dynamo.planner", "--config",
-                                                           PLANNER_CONF),
-        env=env, secret_env=fe.secret_env, readiness=Readiness(kind="process", timeout_s=120),
-        after=(f"{ctl}/{fe.name}",), env_file=f"/etc/m3/{PLANNER_UNIT}.env", workdir=f"{home}/{PLANNER_UNIT}",
-        files=((PLANNER_CONF, json.dumps(conf, indent=2, sort_keys=True) + "\n"),) + prof)
-    actuator = _actuator(services, standby, addr, ctl, fe, p, lo, hi, len(kept))
+    conf = planner_config(p, lo, hi, str(s.get("m3_engine")), c.served, prometheus)  # PlannerConfig.backend
+    after = (f"{ctl}/m3-frontend",)
+    planner = control.client_service(
+        c, PLANNER_UNIT, "planner", ctl, addr[ctl], (f"{c.venv}/bin/python", "-m", "dynamo.planner", "--config",
+                                                     PLANNER_CONF),
+        readiness=Readiness(kind="process", timeout_s=120), after=after,
+        files=((PLANNER_CONF, json.dumps(conf, indent=2, sort_keys=True) + "\n"),) + c.planner_profile,
+        layer="feature:m3_planner", source="m3deploy/core/planner.py")
+    actuator = _actuator(c, services, standby, addr, ctl, p, lo, hi, len(kept))
     services[ctl] += [planner, actuator] if p["planner"] == "local" else [replace(actuator, after=planner.after)]
     return kept
 
 
-def _actuator(services: dict[str, list[Service]], standby: list[str], addr: Mapping[str, str], ctl: str, fe: Service,
+def _actuator(c: Any, services: dict[str, list[Service]], standby: list[str], addr: Mapping[str, str], ctl: str,
               p: Mapping[str, Any], lo: int, hi: int, always_on: int) -> Service:
     """The actuator on the first control host (its config: bounds, cool-down, each standby host's units and
-    health URLs); each standby host's agent appended to its services (in place)."""
-    home = fe.workdir.rsplit("/", 1)[0]
+    health URLs); each standby host's agent appended to its services."""
+    from m3deploy.core import control
+
+    home = c.home
     act_home = f"{home}/{ACTUATOR_UNIT}"
     conf_hosts = [{"host": h, "address": addr[h], "units": [x.name for x in services[h] if x.kind == "worker"],
                    "health": [f"http://{url_host(addr[h])}:{x.port('system').port}/health"
@@ -191,10 +194,12 @@ def _actuator(services: dict[str, list[Service]], standby: list[str], addr: Mapp
                                                                           AGENT_CONF),
             readiness=Readiness(kind="process", timeout_s=30), workdir=f"{home}/{AGENT_UNIT}",
             env_file=f"/etc/m3/{AGENT_UNIT}.env",
-            files=((AGENT_CONF, json.dumps(agent, indent=2, sort_keys=True) + "\n"),)))
-    return Service(
-        name=ACTUATOR_UNIT, kind="actuator", host=ctl, argv=(fe.argv[0], ACTUATOR, "--config", ACTUATOR_CONF),
-        env=tuple((k, act_home if k == "HOME" else v) for k, v in fe.env), secret_env=fe.secret_env,
+            files=((AGENT_CONF, json.dumps(agent, indent=2, sort_keys=True) + "\n"),),
+            provenance=provenance(("--config", AGENT_CONF), (), "feature:m3_planner",
+                                          "m3deploy/core/planner.py")))
+    return control.client_service(
+        c, ACTUATOR_UNIT, "actuator", ctl, addr[ctl], (f"{c.venv}/bin/python", ACTUATOR, "--config", ACTUATOR_CONF),
         readiness=Readiness(kind="process", timeout_s=60), after=(f"{ctl}/{PLANNER_UNIT}",),
-        env_file=f"/etc/m3/{ACTUATOR_UNIT}.env", workdir=act_home, ports=(Port("orders", int(p["port"]), addr[ctl]),),
-        files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),))
+        ports=(Port("orders", int(p["port"]), addr[ctl]),),
+        files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),),
+        layer="feature:m3_planner", source="m3deploy/core/planner.py")

@@ -48,16 +48,16 @@ class Resolved:
     readiness_timeout_s: int = 600
     provenance: dict = field(default_factory=dict)  # key -> (value, layer, source)
 
-    def set_arg(self, flag: str, value, layer: str, source: str) -> None:
+    def set_arg(self, flag: str, value, layer: str, source: str, setting: str = "") -> None:
         self.args[flag] = value
-        self.provenance[flag] = (value, layer, source)
+        self.provenance[flag] = (value, layer, source, setting)
 
-    def set_env(self, name: str, value, layer: str, source: str) -> None:
+    def set_env(self, name: str, value, layer: str, source: str, setting: str = "") -> None:
         if value is None:
             self.env.pop(name, None)
         else:
             self.env[name] = str(value)
-        self.provenance[f"env:{name}"] = (value, layer, source)
+        self.provenance[f"env:{name}"] = (value, layer, source, setting)
 
     def unset(self, key: str, layer: str, source: str) -> None:
         if key in self.args:
@@ -76,8 +76,9 @@ class Resolved:
         return out
 
     def provenance_records(self) -> tuple[Provenance, ...]:
-        return tuple(Provenance(key=k, value=None if v is None else str(v), layer=layer, source=src)
-                     for k, (v, layer, src) in self.provenance.items())
+        return tuple(Provenance(key=k, value=None if rec[0] is None else str(rec[0]), layer=rec[1], source=rec[2],
+                                setting=rec[3] if len(rec) > 3 else "")
+                     for k, rec in self.provenance.items())
 
 
 def layers() -> tuple[Layer, ...]:
@@ -135,11 +136,22 @@ def _fill(value, ctx: dict, layer: Layer):
                           f"(set m3_{key} in group_data)")
         return str(ctx[key])
 
-    return re.sub(r"\{([a-z_][a-z0-9_]*)\}", sub, text)
+    return re.sub(PLACEHOLDER, sub, text)
 
 
-def resolve(ctx: dict, target: str = "worker") -> Resolved:
-    """Apply every matching layer for `target` ("worker" or "frontend") in order."""
+PLACEHOLDER = r"\{([a-z_][a-z0-9_]*)\}"
+
+
+def _settings_of(value, sources: dict) -> str:
+    """The inventory settings a layer value's `{placeholders}` read (`sources`: placeholder -> setting)."""
+    used = dict.fromkeys(sources[k] for k in re.findall(PLACEHOLDER, str(value or "")) if sources.get(k))
+    return "; ".join(used)
+
+
+def resolve(ctx: dict, target: str = "worker", sources: dict | None = None) -> Resolved:
+    """Apply every matching layer for `target` ("worker" or "frontend") in order. `sources`: for each `{placeholder}`
+    the inventory setting it stands for (provenance: `m3deploy plan --explain` names the setting behind a value)."""
+    sources = sources or {}
     r = Resolved()
     for layer in layers():
         if layer.target != target or not matches(layer.when, ctx):
@@ -156,9 +168,9 @@ def resolve(ctx: dict, target: str = "worker") -> Resolved:
         for key in layer.unset:
             r.unset(key, layer.name, layer.source)
         for name, value in layer.env.items():
-            r.set_env(name, _fill(value, ctx, layer), layer.name, layer.source)
+            r.set_env(name, _fill(value, ctx, layer), layer.name, layer.source, _settings_of(value, sources))
         for flag, value in layer.args.items():
-            r.set_arg(flag, _fill(value, ctx, layer), layer.name, layer.source)
+            r.set_arg(flag, _fill(value, ctx, layer), layer.name, layer.source, _settings_of(value, sources))
     return r
 
 

@@ -1,6 +1,6 @@
 """The plan's typed sections, from the m3_* data and the catalog: a GPU host's driver (read by roles/drivers.py
 and preflight), its images and its weights (roles/images.py, roles/weights.py); the cluster's rollout
-(roles/_rollout.py, roles/workers.py) and NATS (deploy/hostfiles.py's nats.conf)."""
+(roles/rolling.py, roles/workers.py) and NATS (deploy/hostfiles.py's nats.conf)."""
 from __future__ import annotations
 
 from typing import Any, Mapping

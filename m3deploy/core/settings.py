@@ -145,12 +145,12 @@ _KEYS = (
         "<number><B|KB|MB|GB|TB>)", True, check="bytesize"),
     Key("m3_alert_ttft_p99_s", (int, float), 10, "SLA: alert M3TimeToFirstTokenHigh fires when the frontend's time "
         "to first token p99 stays above this many seconds for 5 min", True, range=(0.001, 86400)),
-    # day 2 (roles/_rollout.py, docs/OPERATIONS.md)
+    # day 2 (roles/rolling.py, docs/OPERATIONS.md)
     Key("m3_rollout", str, "rolling", "changed worker units: 'rolling' (one engine instance at a time, drained) or "
         "'all-at-once'", True, values=("rolling", "all-at-once")),
     Key("m3_rollout_max_unavailable", int, 1, "rolling: engine instances drained and restarted together", True,
         range=(1, 1 << 16)),
-    # drivers and runtime (roles/drivers.py, roles/runtime.py, roles/_gpu.py)
+    # drivers and runtime (roles/drivers.py, roles/runtime.py, roles/gpuhost.py)
     Key("m3_nvidia_driver_branch", (str, int), None, "NVIDIA driver branch (default: catalog vendors.nvidia)",
         check="branch"),
     Key("m3_nvidia_driver_flavor", str, None, "'open' or 'proprietary' kernel modules (default: catalog)",

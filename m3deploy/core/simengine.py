@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Port, Readiness, Service
@@ -42,15 +44,15 @@ def _flag(argv: tuple[str, ...], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
 
 
-def scripted_service(worker: Service, port: int, model_dir: str, served: str, home: str) -> Service:
-    """The scripted engine beside `worker` (a mocker worker service): same env and parsers, its own
-    system port, HOME, env file and model name."""
+def scripted_service(worker: Service, args: Mapping[str, Any], port: int, model_dir: str, served: str,
+                     home: str) -> Service:
+    """The scripted engine beside `worker` (a mocker worker service, before TLS): same env, the parsers its recipe
+    set (`args`: the worker's resolved flags), its own system port, HOME, env file and model name."""
     argv = (worker.argv[0], SIM_ENGINE, "scripted", "--model-path", model_dir,
             "--model-name", served + SCRIPTED_SUFFIX)
     for flag in PARSER_FLAGS:
-        value = _flag(worker.argv, flag)
-        if value is not None:
-            argv += (flag, value)
+        if args.get(flag) is not None:
+            argv += (flag, str(args[flag]))
     address = worker.port("system").address
     env = dict(worker.env)
     env.update(HOME="/root" if worker.image else f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))

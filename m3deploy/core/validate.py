@@ -211,7 +211,7 @@ def planner_settings(c: Cluster, add: Add) -> None:
 
 @rule(RULES)
 def rollout(c: Cluster, add: Add) -> None:
-    """m3_rollout / m3_rollout_max_unavailable (roles/_rollout.py, docs/OPERATIONS.md)."""
+    """m3_rollout / m3_rollout_max_unavailable (roles/rolling.py, docs/OPERATIONS.md)."""
     mode = c.s["m3_rollout"]
     if mode not in ("rolling", "all-at-once"):
         add(f"key m3_rollout: {mode!r} is not a rollout strategy. Fix: use 'rolling' (one engine instance at a "

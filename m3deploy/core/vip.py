@@ -20,13 +20,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from m3deploy.core.model import Service
+from m3deploy.core.provenance import launch_provenance, provenance
 
 VIP_UNIT = "m3-vip"
 VIP_CONF = "/etc/m3/keepalived.conf"
 VIP_CHECK = "/etc/m3/vip-check"  # the track script: the edge accepts connections and has a frontend UP
 VIP_RUN = "/run/m3-vip"
 INSTANCE = "m3"  # the vrrp_instance's name
-TOP_PRIORITY, STEP = 150, 10  # the first control host's priority; each next one STEP lower
+TOP_PRIORITY, STEP = 150, 10
+SOURCE = "m3deploy/core/vip.py"  # the first control host's priority; each next one STEP lower
 
 
 def enabled(s: Mapping[str, Any]) -> bool:
@@ -55,14 +57,14 @@ def priority(index: int) -> int:
 
 
 def vip_service(host: str) -> Service:
-    return Service(
-        name=VIP_UNIT, kind="vip", host=host,
-        argv=("/usr/sbin/keepalived", "--dont-fork", "--vrrp", "--log-console", "--no-syslog", "--use-file", VIP_CONF,
-              "--pid", f"{VIP_RUN}/keepalived.pid", "--vrrp_pid", f"{VIP_RUN}/vrrp.pid"),
-        after=(f"{host}/m3-edge",))
+    argv = ("/usr/sbin/keepalived", "--dont-fork", "--vrrp", "--log-console", "--no-syslog", "--use-file", VIP_CONF,
+            "--pid", f"{VIP_RUN}/keepalived.pid", "--vrrp_pid", f"{VIP_RUN}/vrrp.pid")
+    return Service(name=VIP_UNIT, kind="vip", host=host, argv=argv, after=(f"{host}/m3-edge",),
+                   provenance=launch_provenance(argv[:1], "feature:m3_vip", SOURCE)
+                   + provenance(argv, (), "feature:m3_vip", SOURCE))
 
 
-def apply(services: dict[str, list[Service]], control: list[str], s: Mapping[str, Any]) -> str:
+def add_services(services: dict[str, list[Service]], control: list[str], s: Mapping[str, Any]) -> str:
     """Add keepalived to each control host's services (in place); return the address ("" without m3_vip)."""
     vip = address(s)
     for c in control if vip else ():

@@ -36,7 +36,7 @@ class InvalidPlan(DeployStopped):
 
 
 class HostsFailed(DeployStopped):
-    """A host cannot be reached, or failed an operation (roles/_failfast.py): the deploy stops there."""
+    """A host cannot be reached, or failed an operation (roles/failfast.py): the deploy stops there."""
 
 
 def plan_name(pyinfra_host) -> str:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import re
 
-from m3deploy.core import edge
+from m3deploy.core import components, edge
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Service
-from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
+from m3deploy.deploy.hostfile import HostFile, package_mask, unit_path
 from m3deploy.deploy.render import render
 
-PACKAGE_MASK = HostFile(f"{UNIT_DIR}/haproxy.service", link="/dev/null")
 CONNECT_MS = 1000  # a refused connection is retried after this (HAProxy waits min(timeout connect, 1 s))
 RETRIES = 3  # with redispatch: another frontend on each retry
 CHECK_MS = 1000  # health check interval; a frontend is out after 2 failed checks, back after 1
@@ -58,14 +57,14 @@ def config(cp: ClusterPlan, s: Service) -> HostFile:
 
 def unit(cp: ClusterPlan, s: Service) -> HostFile:
     check = ("/usr/sbin/haproxy", "-f", edge.EDGE_CONF, "-c", "-q")
-    text = render("m3-edge.service.j2", cluster=cp.name, service=s, check=check,
+    text = render(components.get("edge").template, cluster=cp.name, service=s, check=check,
                   rundir=edge.EDGE_RUN.removeprefix("/run/"))
     return HostFile(unit_path(s), text)
 
 
 def edge_files(cp: ClusterPlan, s: Service, secrets) -> list[HostFile]:
     """In deploy order: the mask, the secrets (the config names them), the config, the unit."""
-    out = [PACKAGE_MASK, HostFile(edge.EDGE_PEM, _secret(secrets, edge.TLS_SECRET), mode="0600", secret=True)]
+    out = [package_mask("edge"), HostFile(edge.EDGE_PEM, _secret(secrets, edge.TLS_SECRET), mode="0600", secret=True)]
     if keys_required(cp):
         out.append(HostFile(edge.EDGE_KEYS, _secret(secrets, edge.KEYS_SECRET), mode="0600", secret=True))
     return out + [config(cp, s), unit(cp, s)]

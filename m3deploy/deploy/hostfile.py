@@ -1,10 +1,11 @@
 """One file the deploy writes on a host (m3deploy.deploy.hostfiles makes them all; m3deploy.deploy.edgefiles the
-edge's), and where units go."""
+edge's), where units go, and a component's package mask."""
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
+from m3deploy.core import components
 from m3deploy.core.model import Service
 
 UNIT_DIR = "/etc/systemd/system"
@@ -12,6 +13,13 @@ UNIT_DIR = "/etc/systemd/system"
 
 def unit_path(s: Service) -> str:
     return f"{UNIT_DIR}/{s.unit}"
+
+
+def package_mask(kind: str) -> HostFile | None:
+    """The component's package unit masked (a link to /dev/null), before the package is installed: its postinst
+    would start it, on all addresses or with Debian's config (m3deploy.core.components `package_unit`)."""
+    unit = components.get(kind).package_unit
+    return HostFile(f"{UNIT_DIR}/{unit}", link="/dev/null") if unit else None
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 exactly what `host_files` returns) and for `m3deploy render` (which writes it into a directory for review).
 
 `host_files(cp, hp, secrets)` -> [HostFile], in deploy order: apt's retry setting (`APT_CONF`, before the
-host's first apt operation), the host's manifest (`MANIFEST`), then per service the config files its command
-names (Service.files: TensorRT-LLM's engine YAML), its 0600 env file and its unit
-(etcd, NATS, frontend, workers), nats.conf, the frontend's watchdog unit and script, etcd's auth script, the
-workers' script that unregisters a killed process (files/m3-unregister-dead.py), the simulated engines' script
-and the nats-server mask (a link to /dev/null).
+host's first apt operation), the host's manifest (`MANIFEST`), then per service, as its component says
+(m3deploy.core.components): its package's own unit masked (a link to /dev/null), the project scripts it runs
+(etcd's auth script, the simulated engines', the workers' script that unregisters a killed process, the TLS
+launcher, the planner's: each once per host, before the first unit that runs it), its config (nats.conf,
+prometheus.yml), the config files its command names (Service.files: TensorRT-LLM's engine YAML), its 0600 env file
+and its unit from the component's template, then the frontend's watchdog script and unit; the edge's and the
+address's files come whole from m3deploy.deploy.edgefiles and vipfiles.
 `secrets=None` masks every secret value (`KEY=<secret: NAME>`): what render writes; the roles pass the
 controller's store (m3deploy.controller.secrets).
 
@@ -25,53 +27,46 @@ import re
 from pathlib import Path
 
 from m3deploy.controller.images import built_here
-from m3deploy.core import internal_tls, monitor, planner
+from m3deploy.core import components, internal_tls, monitor
+from m3deploy.core.components import LIB_DIR, M3_USER, VENV, Script
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import PORT_RANGE, teardown_path_problem, unbracketed_urls
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 from m3deploy.core.refs import image_problem
 from m3deploy.core.simengine import SIM_ENGINE
 from m3deploy.deploy import edgefiles, vipfiles
-from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
+from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, package_mask, unit_path
 from m3deploy.deploy.render import render, secret_names, secret_value, service_env
 
 REPO = Path(__file__).resolve().parents[2]  # the pyinfra project: files/ and templates/ beside roles/
 ETC_DIR = "/etc/m3"
-LIB_DIR = "/usr/local/lib/m3"
 MANIFEST = f"{ETC_DIR}/manifest.json"
 MANIFEST_VERSION = 1
 MANIFEST_KEYS = ("units", "containers", "images", "files", "links", "dirs", "caches", "venvs", "empty_dirs", "packages",
                  "users")
-M3_USER = "m3"  # native Dynamo processes (frontend, mocker) run as this system user
 M3_HOME = "/var/lib/m3"
-ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/_units.keep_previous)
-AUTH_SCRIPT = f"{LIB_DIR}/m3-etcd-auth.py"
-WATCHDOG = f"{LIB_DIR}/m3-watchdog.py"
-UNREGISTER_DEAD = f"{LIB_DIR}/m3-unregister-dead.py"  # a worker unit's ExecStopPost: files/m3-unregister-dead.py
+ROLLBACK_DIR = f"{M3_HOME}/rollback"  # a changed worker's previous unit and env file (roles/lifecycle.keep_previous)
+AUTH_SCRIPT = components.ETCD_AUTH.dest
+WATCHDOG = components.WATCHDOG.dest
+UNREGISTER_DEAD = components.UNREGISTER_DEAD.dest  # a worker unit's ExecStopPost: files/m3-unregister-dead.py
 APT_CONF = "/etc/apt/apt.conf.d/80m3deploy"  # files/m3-apt.conf: apt's retries without the delay that can hang
 WATCHDOG_UNIT = "m3-frontend-watchdog.service"
 WATCHDOG_GRACE_S = 15  # the frontend answers /live ~1 s after a start; a restart while etcd is away is harmless
-NATS_MASK = f"{UNIT_DIR}/nats-server.service"
 WHEELHOUSE_ROOT = "/opt/m3/wheelhouse"
 STAMP = ".m3-wheelhouse"  # in a venv artifacts.py built: the digest of the wheelhouse it came from
-PACKAGES = {"etcd": "etcd-server", "nats": "nats-server", "edge": "haproxy", "vip": "keepalived",
-            **monitor.PACKAGES}
-TEMPLATES = {"etcd": "etcd.service.j2", "nats": "nats.service.j2", "frontend": "m3-frontend.service.j2",
-             "worker": "m3-worker@.service.j2", "scripted": "m3-worker@.service.j2",
-             **{k: "m3-monitor.service.j2" for k in monitor.KINDS},
-             **{k: "m3-planner.service.j2" for k in planner.KINDS}}
-# created by the etcd-server / nats-server / prometheus(-node-exporter) packages
-_USERS = {"etcd": "etcd", "nats": "nats", "nats-exporter": "nats", "prometheus": "prometheus",
-          "node-exporter": "prometheus", "standby-agent": "root"}
-_M3_UNIT = re.compile(r"^(etcd|nats|nats-server|haproxy|prometheus|prometheus-node-exporter|m3-[A-Za-z0-9@._-]+)"
-                      r"\.service$")
+# m3's own unit names (etcd, nats, m3-*) and the package units it masks (the registry's), as teardown may remove
+# them: derived, so every mask a component declares (keepalived.service for m3_vip too) can be torn down
+_M3_UNIT = re.compile(r"^(etcd|nats|m3-[A-Za-z0-9@._-]+)\.service$|^("
+                      + "|".join(re.escape(c.package_unit) for c in components.all_components() if c.package_unit)
+                      + ")$")
 
 
 # ------------------------------------------------------------------------------------------- per service
 
 def service_user(s: Service) -> str:
-    """The user a service's unit runs as: the package's for etcd/NATS, root for containers (docker), else m3."""
-    return _USERS.get(s.kind) or ("root" if s.image else M3_USER)
+    """The user a service's unit runs as (m3deploy.core.components.user: its component's, else root for a
+    container, else m3)."""
+    return components.user(s.kind, s.image)
 
 
 def timeout_start_s(s: Service) -> int:
@@ -88,22 +83,62 @@ def restart_s(s: Service) -> int:
     """RestartSec: the serving processes come back fast (a SIGKILLed worker was routable again in 4-6 s on the
     loaded 2-core testbed, docs/OPERATIONS.md); with StartLimitIntervalSec=0 this also paces a crash loop, which
     systemd then never gives up on."""
-    return 1 if s.kind in ("worker", "frontend") else 2
+    return components.get(s.kind).restart_s
+
+
+def launch(s: Service) -> tuple[str, ...]:
+    """What the service's ExecStart starts with: with m3_internal_tls a Dynamo client's TLS launcher and its files
+    (files/m3-tls-env), else (). The one place hostfiles asks m3deploy.core.internal_tls for it."""
+    return s.launcher
+
+
+def _etcd_auth(s: Service) -> bool:
+    return any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
+
+
+def _registers(s: Service) -> bool:
+    env = dict(s.env)
+    return "ETCD_ENDPOINTS" in env and "DYN_TCP_RPC_HOST" in env
+
+
+def has_watchdog(s: Service) -> bool:
+    c = components.find(s.kind)
+    return bool(c and c.watchdog) and bool(s.readiness) and s.readiness.kind == "http"
+
+
+# when a service needs one of its component's scripts (m3deploy.core.components.Script.when)
+WHEN = {"always": lambda s: True, "etcd auth": _etcd_auth, "unregisters dead": _registers,
+        "sim engine": lambda s: SIM_ENGINE in s.argv and not s.image, "tls": lambda s: bool(launch(s)),
+        "watchdog": has_watchdog}
+
+
+def needs(s: Service, script: Script) -> bool:
+    """Does `s` run `script`: its component ships it, and the script's condition holds for `s`."""
+    c = components.find(s.kind)
+    return c is not None and script in c.scripts and WHEN[script.when](s)
 
 
 def etcd_auth(s: Service) -> bool:
-    return s.kind == "etcd" and any(k == "M3_ETCD_ROOT_PASSWORD" for k, _ in s.secret_env)
+    """etcd with auth (its first member): files/m3-etcd-auth.py turns it on after the start."""
+    return needs(s, components.ETCD_AUTH)
 
 
 def unregisters_dead(s: Service) -> bool:
     """A Dynamo worker (it registers in etcd over the TCP request plane): its unit revokes the records a killed
     process of it left (files/m3-unregister-dead.py)."""
-    env = dict(s.env)
-    return s.kind in ("worker", "scripted") and "ETCD_ENDPOINTS" in env and "DYN_TCP_RPC_HOST" in env
+    return needs(s, components.UNREGISTER_DEAD)
 
 
-def has_watchdog(s: Service) -> bool:
-    return s.kind == "frontend" and bool(s.readiness) and s.readiness.kind == "http"
+def uses_sim_engine(s: Service) -> bool:
+    """Native mocker/scripted engines need the script on the host; in a container the stand-in image holds it."""
+    return needs(s, components.SIM_ENGINE)
+
+
+# what else a component's template takes (m3deploy.core.components `unit_vars`)
+UNIT_VARS = {"auth_script": lambda s, c: AUTH_SCRIPT if etcd_auth(s) else "",
+             "unregister_script": lambda s, c: UNREGISTER_DEAD if unregisters_dead(s) else "",
+             "launch": lambda s, c: launch(s),  # m3_internal_tls: files/m3-tls-env exports etcd's PEM text
+             "description": lambda s, c: c.description, "package_unit": lambda s, c: c.package_unit}
 
 
 def nats_conf_path(s: Service) -> str:
@@ -124,14 +159,9 @@ def env_file(s: Service, secrets) -> HostFile:
 
 
 def unit_file(cp: ClusterPlan, s: Service) -> HostFile:
-    extra = {"auth_script": AUTH_SCRIPT if etcd_auth(s) else ""} if s.kind == "etcd" else {}
-    if s.kind in ("worker", "scripted"):
-        extra["unregister_script"] = UNREGISTER_DEAD if unregisters_dead(s) else ""
-    if s.kind in ("frontend", "worker", "scripted", "planner", "actuator"):
-        extra["launch"] = internal_tls.launcher(s)  # m3_internal_tls: files/m3-tls-env exports etcd's PEM text
-    if s.kind in monitor.KINDS:
-        extra.update(_MONITOR_UNITS[s.kind])
-    text = render(TEMPLATES[s.kind], cluster=cp.name, service=s, user=service_user(s),
+    c = components.get(s.kind)
+    extra = {name: UNIT_VARS[name](s, c) for name in c.unit_vars}
+    text = render(c.template, cluster=cp.name, service=s, user=service_user(s),
                   timeout_start_s=timeout_start_s(s), stop_timeout_s=stop_timeout_s(s), restart_s=restart_s(s),
                   **extra)
     return HostFile(unit_path(s), text)
@@ -155,7 +185,7 @@ def config_files(s: Service, secrets=None) -> list[HostFile]:
 
 def file_owner(s: Service, ref: str) -> str:
     """A secret file is root's, but a TLS file (m3deploy.core.internal_tls) belongs to the user reading it."""
-    return internal_tls.owner(s) if internal_tls.is_tls_ref(ref) else "root"
+    return components.user(s.kind, s.image) if internal_tls.is_tls_ref(ref) else "root"
 
 
 def nats_conf(cp: ClusterPlan, s: Service) -> HostFile:
@@ -191,46 +221,15 @@ def apt_conf() -> HostFile:
     return project_file("files/m3-apt.conf", APT_CONF, mode="0644")
 
 
-def auth_script() -> HostFile:
-    """ExecStartPost of etcd.service with auth: turns authentication on, creates Dynamo's user."""
-    return project_file("files/m3-etcd-auth.py", AUTH_SCRIPT)
+
+def script_file(script: Script) -> HostFile:
+    """One of the components' project scripts (m3deploy.core.components.Script), as the host gets it."""
+    return project_file(script.source, script.dest)
 
 
-def unregister_script() -> HostFile:
-    return project_file("files/m3-unregister-dead.py", UNREGISTER_DEAD)
-
-
-def tls_launcher() -> HostFile:
-    """m3_internal_tls: what a Dynamo client's ExecStart starts with (m3deploy.core.internal_tls.launcher)."""
-    return project_file("files/m3-tls-env", internal_tls.LAUNCHER)
-
-
-def watchdog_script() -> HostFile:
-    return project_file("files/m3-watchdog.py", WATCHDOG)
-
-
-def sim_engine() -> HostFile:
-    """The testbed's engines (m3deploy.core.simengine)."""
-    return project_file("files/m3-sim-engine.py", SIM_ENGINE)
-
-
-# m3_monitor (m3deploy.core.monitor): the units' descriptions and the Debian units they replace (masked)
-_MONITOR_UNITS = {"node-exporter": {"description": "Prometheus node exporter",
-                                    "package_unit": "prometheus-node-exporter.service"},
-                  "prometheus": {"description": "Prometheus", "package_unit": "prometheus.service"},
-                  "nats-exporter": {"description": "NATS exporter (files/m3-nats-exporter.py)", "package_unit": ""},
-                  "gpu-exporter": {"description": "GPU metrics exporter", "package_unit": ""}}
-
-
-def monitor_mask(s: Service) -> HostFile | None:
-    """The Debian unit a monitoring service replaces, masked before the package is installed (its postinst would
-    start it on all addresses)."""
-    unit = _MONITOR_UNITS.get(s.kind, {}).get("package_unit")
-    return HostFile(f"{UNIT_DIR}/{unit}", link="/dev/null") if unit else None
-
-
-def nats_exporter_script() -> HostFile:
-    return project_file("files/m3-nats-exporter.py", monitor.NATS_EXPORTER_SCRIPT)
+def scripts(s: Service) -> list[HostFile]:
+    """The scripts `s` runs that are shipped before its unit, in its component's order."""
+    return [script_file(x) for x in components.get(s.kind).scripts if not x.after_unit and needs(s, x)]
 
 
 def prometheus_files(cp: ClusterPlan) -> list[HostFile]:
@@ -239,31 +238,23 @@ def prometheus_files(cp: ClusterPlan) -> list[HostFile]:
             HostFile(monitor.PROMETHEUS_RULES, monitor.to_yaml(monitor.rules(cp)))]
 
 
-def monitor_files(cp: ClusterPlan, s: Service) -> list[HostFile]:
-    """A monitoring service's files before its unit: the package unit's mask, the exporter script, the config."""
-    mask = monitor_mask(s)
-    out = [mask] if mask else []
-    if s.kind == "nats-exporter":
-        out.append(nats_exporter_script())
-    if s.kind == "prometheus":
-        out += prometheus_files(cp)
-    return out
-
-
-def nats_mask() -> HostFile:
-    """The package's nats-server.service masked: it would bind 0.0.0.0:4222."""
-    return HostFile(NATS_MASK, link="/dev/null")
+# the config a component's service gets before its unit (m3deploy.core.components `config`)
+CONFIGS = {"nats.conf": lambda cp, s: [nats_conf(cp, s)], "prometheus.yml": lambda cp, s: prometheus_files(cp)}
+# the modules that make every file of a component (m3deploy.core.components `files`), its mask first
+OWN_FILES = {"edgefiles": lambda cp, s, secrets: edgefiles.edge_files(cp, s, secrets),  # HAProxy (m3_edge)
+             "vipfiles": lambda cp, s, secrets: vipfiles.vip_files(cp, s)}  # keepalived: the address (m3_vip)
 
 
 # ------------------------------------------------------------------------------------------- per host
 
-def uses_sim_engine(s: Service) -> bool:
-    """Native mocker/scripted engines need the script on the host; in a container the stand-in image holds it."""
-    return s.kind in ("worker", "scripted") and SIM_ENGINE in s.argv and not s.image
+def _any(svcs, has) -> bool:
+    """Does any of `svcs` have a component for which has(component, service) holds."""
+    return any(c is not None and has(c, s) for s in svcs for c in [components.find(s.kind)])
 
 
 def _native(hp: HostPlan) -> bool:
-    return any(s.kind in ("frontend", "worker") and not s.image for s in hp.services)
+    """A process from the Dynamo venv runs here: the m3 user, the venv and its wheelhouse."""
+    return _any(hp.services, lambda c, s: c.lifecycle.install == VENV and not s.image)
 
 
 def host_text_problem(s: Service) -> str:
@@ -281,38 +272,45 @@ def host_text_problem(s: Service) -> str:
     return f"URL(s) {', '.join(urls)} with an unbracketed IPv6 host" if urls else ""
 
 
+
+
+def _first_needed(s: Service, shipped: set[str], after_unit: bool) -> list[HostFile]:
+    """The scripts `s` runs that no earlier unit on the host did (each once per host, before the first unit that
+    runs it; `after_unit`: the ones shipped after it), marked as shipped."""
+    out = [x for x in components.get(s.kind).scripts if x.after_unit == after_unit and x.dest not in shipped
+           and needs(s, x)]
+    shipped.update(x.dest for x in out)
+    return [script_file(x) for x in out]
+
+
+def _files_of(cp: ClusterPlan, s: Service, secrets, shipped: set[str]) -> list[HostFile]:
+    """One service's files, in deploy order: its package's mask, the scripts it runs, its config, the config files
+    its command names, its env file, its unit, then what comes after the unit (the watchdog's script and unit)."""
+    c = components.get(s.kind)
+    out = [f for f in [package_mask(s.kind)] if f] + _first_needed(s, shipped, after_unit=False)
+    out += CONFIGS[c.config](cp, s) if c.config else []
+    out += [*config_files(s, secrets)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
+    out += _first_needed(s, shipped, after_unit=True)
+    return out + [watchdog_unit(cp, s)] * has_watchdog(s)
+
+
 def service_files(cp: ClusterPlan, hp: HostPlan, secrets) -> list[HostFile]:
-    """Every file of the host's services, in deploy order (etcd, NATS, frontend, workers)."""
+    """Every file of the host's services, in deploy order (etcd, NATS, frontend, workers, ...), as each one's
+    component says (m3deploy.core.components)."""
     out: list[HostFile] = []
+    shipped: set[str] = set()  # the scripts already shipped before an earlier unit
     for s in hp.services:
-        if s.kind == "edge":  # HAProxy in front of the frontends (m3deploy.deploy.edgefiles)
-            out += edgefiles.edge_files(cp, s, secrets)
+        c = components.find(s.kind)
+        if c is None:
             continue
-        if s.kind == "vip":  # keepalived: the cluster's address (m3deploy.deploy.vipfiles)
-            out += vipfiles.vip_files(cp, s)
-            continue
-        if s.kind not in TEMPLATES:
+        if c.files:
+            out += OWN_FILES[c.files](cp, s, secrets)
             continue
         why = host_text_problem(s)
         if why:
             raise M3Error(f"refusing to render {s.name} on {hp.name}: {why}. Fix the inventory value it came from "
                           "(m3deploy validate names it)")
-        if etcd_auth(s):
-            out.append(auth_script())
-        if s.kind == "nats":
-            out += [nats_mask(), nats_conf(cp, s)]
-        if s is next((w for w in hp.services if uses_sim_engine(w)), None):
-            out.append(sim_engine())  # once, before the first unit that runs it
-        if s is next((w for w in hp.services if unregisters_dead(w)), None):
-            out.append(unregister_script())  # once, before the first unit that runs it
-        if s is next((w for w in hp.services if internal_tls.launcher(w)), None):
-            out.append(tls_launcher())  # once, before the first unit that runs it
-        out += monitor_files(cp, s) if s.kind in monitor.KINDS else []
-        out += [project_file(*planner.SCRIPTS[s.kind])] if s.kind in planner.SCRIPTS else []
-        out += [*config_files(s, secrets)] + [env_file(s, secrets)] * bool(s.env_file) + [unit_file(cp, s)]
-        if has_watchdog(s):
-            out += [watchdog_script(), watchdog_unit(cp, s)] if s is next(
-                w for w in hp.services if has_watchdog(w)) else [watchdog_unit(cp, s)]
+        out += _files_of(cp, s, secrets, shipped)
     return out
 
 
@@ -335,9 +333,9 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
     files, links = [f.path for f in made if not f.link], [f.path for f in made if f.link]
     units = [watchdog_unit_name(s) for s in svcs if has_watchdog(s)] + [s.unit for s in svcs]
     dirs = [s.workdir for s in svcs if s.workdir]  # etcd's data and JWT keys (etcd_jwt_keys), JetStream, HOMEs
-    dirs += [ROLLBACK_DIR] * any(s.kind == "worker" for s in svcs)  # secrets (env files) kept for a roll back
+    dirs += [ROLLBACK_DIR] * _any(svcs, lambda c, s: c.lifecycle.keep_previous)  # env files (secrets) kept
     caches, venvs, empty = [], [], []
-    if cp.engine == "mocker" and any(s.kind == "worker" for s in svcs):  # native, or mounted into the stand-in
+    if cp.engine == "mocker" and _any(svcs, lambda c, s: c.loads_model):  # native, or mounted into the stand-in
         caches.append(cp.model_dir)
     if _native(hp) and cp.venv:  # roles/artifacts.py: the wheelhouse and the venv built from it
         venvs.append(cp.venv)
@@ -359,8 +357,14 @@ def manifest(cp: ClusterPlan, hp: HostPlan) -> dict:
             "dirs": list(dict.fromkeys([*dirs, ETC_DIR])),
             "caches": list(dict.fromkeys(filter(None, caches))),
             "venvs": venvs, "empty_dirs": list(dict.fromkeys(empty)),
-            "packages": [PACKAGES[k] for k in PACKAGES if any(s.kind == k for s in svcs)],
+            "packages": _packages(svcs),
             "users": users}
+
+
+def _packages(svcs) -> list[str]:
+    """The packages of the host's components, in the registry's order."""
+    kinds = {s.kind for s in svcs}
+    return list(dict.fromkeys(p for c in components.all_components() if c.kind in kinds for p in c.packages))
 
 
 def manifest_file(cp: ClusterPlan, hp: HostPlan, doc: dict | None = None) -> HostFile:
@@ -416,7 +420,7 @@ def removal_problem(key: str, entry) -> str:
     if key == "images":
         return "" if built_here(entry) and not image_problem(entry) else f"{entry!r} is not an image m3deploy built"
     if key == "packages":
-        return "" if entry in PACKAGES.values() else f"{entry} is not a package m3 installs"
+        return "" if entry in components.packages() else f"{entry} is not a package m3 installs"
     if key == "users":
         return "" if entry == M3_USER else f"{entry} is not m3's user"
     return f"unknown key {key}"

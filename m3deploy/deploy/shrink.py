@@ -22,7 +22,7 @@ def _inside(path: str, top: str) -> bool:
 def leftovers(old: dict, new: dict) -> dict[str, list[str]]:
     """Per manifest key, the entries of `old` that `new` does not name. A path that is, or holds, one the new
     manifest names stays (a directory kept for a file of the new plan). A leftover unit or env file's rollback
-    copy (ROLLBACK_DIR/<name>, roles/_units.keep_previous: env files hold secrets) goes with it."""
+    copy (ROLLBACK_DIR/<name>, roles/lifecycle.keep_previous: env files hold secrets) goes with it."""
     keep = [p for k in PATH_KEYS for p in new.get(k, [])]
     out: dict[str, list[str]] = {}
     for key in MANIFEST_KEYS:

@@ -11,13 +11,12 @@ The interface keepalived runs VRRP on is the one holding the host's cluster addr
 """
 from __future__ import annotations
 
-from m3deploy.core import edge, vip
+from m3deploy.core import components, edge, vip
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, Service
-from m3deploy.deploy.hostfile import UNIT_DIR, HostFile, unit_path
+from m3deploy.deploy.hostfile import HostFile, package_mask, unit_path
 from m3deploy.deploy.render import render
 
-PACKAGE_MASK = HostFile(f"{UNIT_DIR}/keepalived.service", link="/dev/null")
 ADVERT_S = 1  # VRRP advertisement interval: a holder that stops advertising is replaced after ~3 s (3 x + skew)
 CHECK = {"check_interval_s": 1, "check_timeout_s": 2, "check_fall": 2, "check_rise": 2}
 CHECK_NAME = "m3_edge"
@@ -53,7 +52,7 @@ def check_script(cp: ClusterPlan) -> HostFile:
 
 def unit(cp: ClusterPlan, s: Service) -> HostFile:
     check = ("/usr/sbin/keepalived", "--config-test", "--use-file", vip.VIP_CONF)
-    text = render("m3-vip.service.j2", cluster=cp.name, service=s, check=check,
+    text = render(components.get("vip").template, cluster=cp.name, service=s, check=check,
                   after=" ".join(f"{a.split('/', 1)[1]}.service" for a in s.after),
                   rundir=vip.VIP_RUN.removeprefix("/run/"))
     return HostFile(unit_path(s), text)
@@ -63,4 +62,4 @@ def vip_files(cp: ClusterPlan, s: Service, interface: str | None = None) -> list
     """In deploy order: the mask, the track script (the config names it), the config, the unit."""
     if interface is not None and not interface.replace("-", "").replace(".", "").replace("_", "").isalnum():
         raise M3Error(f"{s.host}: interface {interface!r} of its address is not a plain interface name")
-    return [PACKAGE_MASK, check_script(cp), config(cp, s, interface), unit(cp, s)]
+    return [package_mask("vip"), check_script(cp), config(cp, s, interface), unit(cp, s)]

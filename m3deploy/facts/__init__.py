@@ -1,6 +1,6 @@
 """Facts of a host: pure parsers (`parse`) and the pyinfra facts that run them (`host`).
 
-`from m3deploy import facts as F` gives both: `F.parse_rdma(...)`, `F.NvidiaSmi`, `F.gather_facts(host)`.
+`from m3deploy import facts` gives both: `facts.parse_rdma(...)`, `facts.NvidiaSmi`, `facts.gather_facts(host)`.
 """
 from m3deploy.facts.host import *  # noqa: F401,F403
 from m3deploy.facts.parse import *  # noqa: F401,F403

@@ -10,10 +10,9 @@ import click
 
 from m3deploy.core.errors import M3Error
 
-from . import config as C
-from . import core
+from . import config, core
 
-NAME_OPT = click.option("--name", default=C.DEFAULT_NAME, show_default=True, metavar="NAME",
+NAME_OPT = click.option("--name", default=config.DEFAULT_NAME, show_default=True, metavar="NAME",
                         help="Testbed name (1-8 lower-case letters/digits); prefix of its hosts.")
 
 
@@ -32,12 +31,12 @@ def testbed():
 
 
 @testbed.command()
-@click.argument("n", type=click.IntRange(1, C.MAX_HOSTS))
+@click.argument("n", type=click.IntRange(1, config.MAX_HOSTS))
 @NAME_OPT
 @click.option("--subnet", default=None, metavar="CIDR",
-              help=f"Private /24 for the bridge (default {C.DEFAULT_SUBNET}; fixed once the testbed exists).")
+              help=f"Private /24 for the bridge (default {config.DEFAULT_SUBNET}; fixed once the testbed exists).")
 @click.option("--install-deps", is_flag=True,
-              help=f"apt-get install {' '.join(C.HOST_DEPS)} first when missing.")
+              help=f"apt-get install {' '.join(config.HOST_DEPS)} first when missing.")
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for hosts to answer SSH.")
 @click.option("--docker", is_flag=True, help="Hosts that can run dockerd (m3_runtime=docker; fixed once the "
               "testbed exists; docs/TESTBED.md).")

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from m3deploy.core.errors import M3Error
 
-from . import config as C
-from . import image as I
+from . import config
+from . import image as testbed_image
 from .machine import (
     _ensure_bridge,
     _ensure_host_net,
@@ -57,10 +57,10 @@ from .system import (
 
 def preflight(install_deps: bool = False, log=print) -> None:
     if os.geteuid() != 0:
-        raise C.err_not_root()
-    missing = {t: p for t, p in C.TOOLS.items() if not shutil.which(t)}
+        raise config.err_not_root()
+    missing = {t: p for t, p in config.TOOLS.items() if not shutil.which(t)}
     if missing and install_deps:
-        pkgs = sorted(set(C.HOST_DEPS) | set(missing.values()))
+        pkgs = sorted(set(config.HOST_DEPS) | set(missing.values()))
         log(f"installing {' '.join(pkgs)} (apt-get)")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         res = subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=900", "install", "-y", *pkgs],
@@ -68,26 +68,26 @@ def preflight(install_deps: bool = False, log=print) -> None:
         if res.returncode != 0:
             raise M3Error(f"apt-get install {' '.join(pkgs)} failed:\n{res.stderr[-2000:]}\n"
                           "Fix: run `apt-get update` and try again")
-        missing = {t: p for t, p in C.TOOLS.items() if not shutil.which(t)}
+        missing = {t: p for t, p in config.TOOLS.items() if not shutil.which(t)}
     if missing:
-        raise C.err_missing_tools(missing)
+        raise config.err_missing_tools(missing)
     bases = cgroup_bases()
-    if not bases or (C.CGROUP_ROOT not in bases and not any(b.endswith("/systemd") for b in bases)):
+    if not bases or (config.CGROUP_ROOT not in bases and not any(b.endswith("/systemd") for b in bases)):
         raise M3Error("no usable cgroup hierarchy (need /sys/fs/cgroup/systemd or cgroup v2 at "
                       "/sys/fs/cgroup). Fix: mount cgroups (a normal Debian 12 machine has them)")
 
 
 # ------------------------------------------------------------------ state
 
-def load_state(name: str = C.DEFAULT_NAME, root: str = C.STATE_ROOT) -> dict:
+def load_state(name: str = config.DEFAULT_NAME, root: str = config.STATE_ROOT) -> dict:
     """The testbed's state.json as a dict; M3Error naming the fix when there is none."""
-    C.check_name(name)
-    path = C.Paths(name, root).state
+    config.check_name(name)
+    path = config.Paths(name, root).state
     try:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise C.err_no_state(name) from None
+        raise config.err_no_state(name) from None
     except PermissionError:
         raise M3Error(f"cannot read {path}: permission denied. Fix: run as root (e.g. with sudo)") from None
     except ValueError as exc:
@@ -96,14 +96,14 @@ def load_state(name: str = C.DEFAULT_NAME, root: str = C.STATE_ROOT) -> dict:
 
 
 def _save_state(state: dict) -> None:
-    p = C.Paths(state["name"])
+    p = config.Paths(state["name"])
     _write_atomic(p.state, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 def list_testbeds() -> list[str]:
     try:
-        return sorted(d for d in os.listdir(C.STATE_ROOT)
-                      if os.path.isfile(os.path.join(C.STATE_ROOT, d, "state.json")))
+        return sorted(d for d in os.listdir(config.STATE_ROOT)
+                      if os.path.isfile(os.path.join(config.STATE_ROOT, d, "state.json")))
     except FileNotFoundError:
         return []
 
@@ -124,7 +124,7 @@ def _nspawn_pids(name: str) -> dict[int, str]:
     return found
 
 
-def _seed_upper(p: C.Paths, host: str, address: str, bridge_ip: str) -> str:
+def _seed_upper(p: config.Paths, host: str, address: str, bridge_ip: str) -> str:
     """Write the host's own files into its overlay upper dir (before boot). Returns its machine-id."""
     upper = os.path.join(p.host_dir(host), "upper")
     for d, mode in (("", 0o755), ("etc", 0o755), ("root", 0o700), ("root/.ssh", 0o700),
@@ -142,16 +142,16 @@ def _seed_upper(p: C.Paths, host: str, address: str, bridge_ip: str) -> str:
         _write(mid_path, mid + "\n", 0o444)
     if not os.path.exists(os.path.join(upper, "etc/hostname")):
         _write(os.path.join(upper, "etc/hostname"), host + "\n")
-        _write(os.path.join(upper, "etc/hosts"), C.render_etc_hosts(host, address))
+        _write(os.path.join(upper, "etc/hosts"), config.render_etc_hosts(host, address))
     with open(p.pubkey) as f:
         _write(os.path.join(upper, "root/.ssh/authorized_keys"), f.read(), 0o600)
-    _write(os.path.join(upper, "etc/apt/apt.conf.d/01m3-testbed-proxy"), C.render_apt_proxy_conf(bridge_ip))
+    _write(os.path.join(upper, "etc/apt/apt.conf.d/01m3-testbed-proxy"), config.render_apt_proxy_conf(bridge_ip))
     return mid
 
 
-def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str, options=()) -> int:
+def _launch(p: config.Paths, name: str, host: str, ns: str, image: str, mid: str, options=()) -> int:
     hd = p.host_dir(host)
-    extra_args, extra_env = C.nspawn_options(options, hd)
+    extra_args, extra_env = config.nspawn_options(options, hd)
     if "docker" in options:
         os.makedirs(os.path.join(hd, "docker"), mode=0o710, exist_ok=True)
     upper, work, merged = (os.path.join(hd, d) for d in ("upper", "work", "merged"))
@@ -178,7 +178,7 @@ def _launch(p: C.Paths, name: str, host: str, ns: str, image: str, mid: str, opt
     return proc.pid
 
 
-def _read_host_key(p: C.Paths, host: str) -> str | None:
+def _read_host_key(p: config.Paths, host: str) -> str | None:
     path = os.path.join(p.host_dir(host), "upper/etc/ssh/ssh_host_ed25519_key.pub")
     try:
         with open(path) as f:
@@ -190,7 +190,7 @@ def _read_host_key(p: C.Paths, host: str) -> str | None:
     return None
 
 
-def _console_tail(p: C.Paths, host: str, n: int = 2000) -> str:
+def _console_tail(p: config.Paths, host: str, n: int = 2000) -> str:
     try:
         with open(os.path.join(p.host_dir(host), "console.log"), errors="replace") as f:
             return f.read()[-n:]
@@ -200,14 +200,14 @@ def _console_tail(p: C.Paths, host: str, n: int = 2000) -> str:
 
 # ------------------------------------------------------------------ up
 
-def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_deps: bool = False,
+def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, install_deps: bool = False,
        include=None, timeout: float = 90.0, options=(), log=print) -> dict:
     """Bring testbed `name` to at least `n` running hosts. Idempotent. Returns the state."""
-    C.check_name(name)
-    C.check_count(n)
+    config.check_name(name)
+    config.check_count(n)
     say = _Log(log)
     preflight(install_deps, log=say)
-    p = C.Paths(name)
+    p = config.Paths(name)
     with locked(f"up {n} --name {name}"):
         say(f"testbed {name}: want {n} host(s)")
         try:
@@ -217,26 +217,27 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
         if old and subnet and subnet != old["subnet"]:
             raise M3Error(f"testbed {name!r} already runs on {old['subnet']}, not {subnet}. Fix: "
                           f"`m3deploy testbed down --name {name}` first, or leave out --subnet")
-        subnet = old["subnet"] if old else (subnet or C.DEFAULT_SUBNET)
-        C.parse_subnet(subnet)
-        C.host_address(subnet, n)  # fits?
-        include = tuple(old["include"]) if old else tuple(include or C.BASE_INCLUDE)
-        options = C.check_options(options)
+        subnet = old["subnet"] if old else (subnet or config.DEFAULT_SUBNET)
+        config.parse_subnet(subnet)
+        config.host_address(subnet, n)  # fits?
+        include = tuple(old["include"]) if old else tuple(include or config.BASE_INCLUDE)
+        options = config.check_options(options)
         if old and options and tuple(old.get("options", ())) != options:
             raise M3Error(f"testbed {name!r} was made with host options {old.get('options', [])}, not "
                           f"{list(options)}. Fix: `m3deploy testbed down --name {name}` first, or leave them out")
         options = tuple(old.get("options", ())) if old else options
         changes: list[str] = []
-        hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=C.bridge_name(name))
+        hits = config.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"),
+                                             own_bridge=config.bridge_name(name))
         if hits:  # before anything is made
-            raise C.err_subnet_taken(subnet, hits, name)
+            raise config.err_subnet_taken(subnet, hits, name)
 
         os.makedirs(p.dir, mode=0o755, exist_ok=True)
         os.makedirs(p.control_dir, mode=0o700, exist_ok=True)
         if old and not os.path.isdir(old["image"]):
             raise M3Error(f"testbed {name!r} was built on image {old['image']}, which is gone "
                           f"(cache purged?). Fix: `m3deploy testbed down --name {name}` then up again")
-        image = old["image"] if old else I.ensure_image(include, log=say)
+        image = old["image"] if old else testbed_image.ensure_image(include, log=say)
         if not os.path.exists(p.key):
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"m3deploy-testbed-{name}",
                   "-f", p.key])
@@ -244,7 +245,7 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
         os.chmod(p.key, 0o600)
 
         br = _ensure_bridge(name, subnet, say, changes)
-        bridge_ip = C.bridge_address(subnet)
+        bridge_ip = config.bridge_address(subnet)
         proxy = _ensure_proxy(name, bridge_ip, say, changes)
         if changes:
             say(f"bridge {br} {bridge_ip}/24, apt proxy {proxy['url']}")
@@ -260,10 +261,10 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
         hosts, launched = [], []
         old_hosts = {h["name"]: h for h in (old or {}).get("hosts", [])}
         for i in range(1, count + 1):
-            host, ns = C.host_name(name, i), C.netns_name(name, i)
-            addr = C.host_address(subnet, i)
+            host, ns = config.host_name(name, i), config.netns_name(name, i)
+            addr = config.host_address(subnet, i)
             h = {"name": host, "index": i, "address": addr, "netns": ns,
-                 "veth": C.veth_name(name, i), "dir": p.host_dir(host),
+                 "veth": config.veth_name(name, i), "dir": p.host_dir(host),
                  "cgroups": _cgroup_dirs(name, host)}
             _ensure_host_net(name, i, subnet, br, netns, links, changes)
             pid = by_ns.get(ns)
@@ -312,8 +313,8 @@ def up(n: int, name: str = C.DEFAULT_NAME, subnet: str | None = None, install_de
         if launched:
             say(f"{len(launched)} host(s) up, sshd answering")
 
-        known = C.render_known_hosts(hosts)
-        cfg = C.render_ssh_config(name, hosts, p.key, p.known_hosts, p.control_dir)
+        known = config.render_known_hosts(hosts)
+        cfg = config.render_ssh_config(name, hosts, p.key, p.known_hosts, p.control_dir)
         for path, text in ((p.known_hosts, known), (p.ssh_config, cfg)):
             try:
                 with open(path) as f:
@@ -366,13 +367,13 @@ def _kill(pids, sig) -> None:
             os.kill(pid, sig)
 
 
-def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> list[str]:
+def down(name: str = config.DEFAULT_NAME, purge_cache: bool = False, log=print) -> list[str]:
     """Remove everything testbed `name` made (works from state and from discovery by prefix)."""
-    C.check_name(name)
+    config.check_name(name)
     say = _Log(log)
     if os.geteuid() != 0:
-        raise C.err_not_root()
-    p = C.Paths(name)
+        raise config.err_not_root()
+    p = config.Paths(name)
     removed: list[str] = []
     with locked(f"down --name {name}"):
         try:
@@ -411,12 +412,12 @@ def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> li
         _kill(masters, signal.SIGTERM)
         # 3. network: namespaces (takes their veth peers along), then leftover links, bridge last
         for ns in _netns():
-            if C.owned_by(name, ns):
+            if config.owned_by(name, ns):
                 _run(["ip", "netns", "del", ns], check=False)
                 removed.append(f"netns {ns}")
-        br = C.bridge_name(name)
+        br = config.bridge_name(name)
         for link in sorted(_links(), key=lambda name: name == br):
-            if C.owned_by(name, link):
+            if config.owned_by(name, link):
                 _run(["ip", "link", "del", link], check=False)
                 removed.append(f"link {link}")
         # 4. mounts (normally none: overlays live in each host's private mount namespace)
@@ -447,7 +448,7 @@ def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> li
         prop = "/run/systemd/nspawn/propagate"
         if os.path.isdir(prop):
             for d in os.listdir(prop):
-                if C.owned_by(name, d):
+                if config.owned_by(name, d):
                     shutil.rmtree(os.path.join(prop, d), ignore_errors=True)
             for d in (prop, os.path.dirname(prop)):
                 with contextlib.suppress(OSError):
@@ -470,15 +471,15 @@ def down(name: str = C.DEFAULT_NAME, purge_cache: bool = False, log=print) -> li
                     proc.wait()
             shutil.rmtree(p.dir)
             removed.append(p.dir)
-        for d in (C.STATE_ROOT, os.path.dirname(C.STATE_ROOT)):
+        for d in (config.STATE_ROOT, os.path.dirname(config.STATE_ROOT)):
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         if purge_cache:
-            for path in (p.proxy_cache, os.path.join(C.CACHE_ROOT, "images")):
+            for path in (p.proxy_cache, os.path.join(config.CACHE_ROOT, "images")):
                 if os.path.exists(path):
                     shutil.rmtree(path)
                     removed.append(path)
-            for path in (os.path.join(C.CACHE_ROOT, "apt-cache"), C.CACHE_ROOT):
+            for path in (os.path.join(config.CACHE_ROOT, "apt-cache"), config.CACHE_ROOT):
                 with contextlib.suppress(OSError):
                     os.rmdir(path)
         say(f"testbed {name}: down" + ("" if removed else " (nothing was there)"))
@@ -531,13 +532,13 @@ def _host_status(name: str, h: dict) -> dict:
     return out
 
 
-def status(name: str = C.DEFAULT_NAME) -> dict:
+def status(name: str = config.DEFAULT_NAME) -> dict:
     if os.geteuid() != 0:
-        raise C.err_not_root()
+        raise config.err_not_root()
     st = load_state(name)
     with ThreadPoolExecutor(max_workers=16) as ex:
         hosts = list(ex.map(lambda h: _host_status(name, h), st["hosts"]))
-    proxy_up = _port_open(st["bridge"]["address"], C.APT_PROXY_PORT)
+    proxy_up = _port_open(st["bridge"]["address"], config.APT_PROXY_PORT)
     return {"name": name, "subnet": st["subnet"], "bridge": st["bridge"],
             "bridge_present": st["bridge"]["name"] in _links(),
             "apt_proxy": {**st["apt_proxy"], "answers": proxy_up},

@@ -15,7 +15,7 @@ import time
 
 from m3deploy.core.errors import M3Error
 
-from . import config as C
+from . import config
 
 SSHD_CONF = """\
 # m3deploy testbed: key-only root login, one host key made at first boot
@@ -65,7 +65,7 @@ def machine_sources() -> dict[str, str]:
 
 
 def machine_mirrors() -> tuple[str, str]:
-    return C.pick_mirrors(C.parse_apt_sources(machine_sources()))
+    return config.pick_mirrors(config.parse_apt_sources(machine_sources()))
 
 
 def _write(root: str, rel: str, text: str, mode: int = 0o644) -> None:
@@ -97,7 +97,7 @@ def customize(root: str) -> None:
         if os.path.lexists(link):
             os.unlink(link)
         os.symlink("/dev/null", link)
-    _write(root, "etc/apt/sources.list", C.render_sources_list())
+    _write(root, "etc/apt/sources.list", config.render_sources_list())
     for f in glob.glob(os.path.join(root, "etc/apt/sources.list.d/*")):
         os.unlink(f)
     os.makedirs(os.path.join(root, "root/.ssh"), mode=0o700, exist_ok=True)
@@ -109,10 +109,10 @@ def customize(root: str) -> None:
             os.unlink(f)
 
 
-def ensure_image(include=C.BASE_INCLUDE, log=print) -> str:
+def ensure_image(include=config.BASE_INCLUDE, log=print) -> str:
     """Path of the image rootfs for `include`, building it when not cached."""
     arch = machine_arch()
-    target = C.image_dir(include, C.SUITE, arch)
+    target = config.image_dir(include, config.SUITE, arch)
     rootfs = os.path.join(target, "rootfs")
     if os.path.exists(os.path.join(target, ".complete")):
         return rootfs
@@ -123,10 +123,10 @@ def ensure_image(include=C.BASE_INCLUDE, log=print) -> str:
         shutil.rmtree(target)
     tmp = f"{target}.tmp-{os.getpid()}"
     mirror, _ = machine_mirrors()
-    log(f"building the host image (debootstrap --variant=minbase {C.SUITE}, once; ~1 min) from {mirror}")
+    log(f"building the host image (debootstrap --variant=minbase {config.SUITE}, once; ~1 min) from {mirror}")
     t0 = time.monotonic()
     cmd = ["debootstrap", "--variant=minbase", f"--arch={arch}", f"--include={','.join(include)}",
-           C.SUITE, os.path.join(tmp, "rootfs"), mirror]
+           config.SUITE, os.path.join(tmp, "rootfs"), mirror]
     logfile = f"{tmp}.log"
     os.makedirs(tmp, exist_ok=True)
     with open(logfile, "w") as lf:

@@ -12,11 +12,10 @@ import time
 
 from m3deploy.core.errors import M3Error
 
-from . import config as C
-from . import image as I
+from . import config, image
 from .system import _all_pids, _cmdline, _ip_json, _links, _port_open, _run, _write
 
-SYSCTL_FILE = os.path.join(C.STATE_ROOT, ".sysctl.json")
+SYSCTL_FILE = os.path.join(config.STATE_ROOT, ".sysctl.json")
 INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
 
 
@@ -28,7 +27,7 @@ def _read_int(path: str) -> int:
 
 
 def _raise_inotify(name: str, total_hosts: int, log) -> bool:
-    need = C.inotify_needed(total_hosts)
+    need = config.inotify_needed(total_hosts)
     cur = _read_int(INOTIFY)
     try:
         with open(SYSCTL_FILE) as f:
@@ -56,7 +55,7 @@ def _restore_inotify(name: str, log) -> None:
         return
     if name in rec.get("raised_by", []):
         rec["raised_by"].remove(name)
-    others = [n for n in rec.get("raised_by", []) if n != name and os.path.isdir(C.Paths(n).dir)]
+    others = [n for n in rec.get("raised_by", []) if n != name and os.path.isdir(config.Paths(n).dir)]
     if others:
         rec["raised_by"] = others
         _write(SYSCTL_FILE, json.dumps(rec) + "\n")
@@ -71,12 +70,12 @@ def _restore_inotify(name: str, log) -> None:
 # ------------------------------------------------------------------ network
 
 def _ensure_bridge(name: str, subnet: str, log, changes: list) -> str:
-    br = C.bridge_name(name)
-    addr = C.bridge_address(subnet)
+    br = config.bridge_name(name)
+    addr = config.bridge_address(subnet)
     links = _links()
-    hits = C.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=br)
+    hits = config.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"), own_bridge=br)
     if hits:
-        raise C.err_subnet_taken(subnet, hits, name)
+        raise config.err_subnet_taken(subnet, hits, name)
     if br not in links:
         # Bridged host-to-host traffic must not go through the machine's iptables (br_netfilter).
         res = _run(["ip", "link", "add", br, "type", "bridge", "nf_call_iptables", "0",
@@ -94,7 +93,7 @@ def _ensure_bridge(name: str, subnet: str, log, changes: list) -> str:
 
 def _ensure_host_net(name: str, i: int, subnet: str, br: str, netns: list, links: list,
                      changes: list) -> None:
-    ns, veth, addr = C.netns_name(name, i), C.veth_name(name, i), C.host_address(subnet, i)
+    ns, veth, addr = config.netns_name(name, i), config.veth_name(name, i), config.host_address(subnet, i)
     if ns not in netns:
         _run(["ip", "netns", "add", ns])
         changes.append(f"netns {ns}")
@@ -116,7 +115,7 @@ def _ensure_host_net(name: str, i: int, subnet: str, br: str, netns: list, links
 # ------------------------------------------------------------------ apt proxy
 
 def _proxy_pids(name: str) -> list[int]:
-    conf = os.path.join(C.Paths(name).proxy_dir, "conf")
+    conf = os.path.join(config.Paths(name).proxy_dir, "conf")
     out = []
     for pid in _all_pids():
         cl = _cmdline(pid)
@@ -126,8 +125,8 @@ def _proxy_pids(name: str) -> list[int]:
 
 
 def _ensure_proxy(name: str, bridge_ip: str, log, changes: list) -> dict:
-    p = C.Paths(name)
-    port = C.APT_PROXY_PORT
+    p = config.Paths(name)
+    port = config.APT_PROXY_PORT
     running = _proxy_pids(name)
     if running and _port_open(bridge_ip, port):
         return {"pid": running[0], "url": f"http://{bridge_ip}:{port}"}
@@ -141,9 +140,9 @@ def _ensure_proxy(name: str, bridge_ip: str, log, changes: list) -> dict:
     conf, logd, run = (os.path.join(p.proxy_dir, d) for d in ("conf", "log", "run"))
     for d in (conf, logd, run, p.proxy_cache):
         os.makedirs(d, exist_ok=True)
-    debian, security = I.machine_mirrors()
+    debian, security = image.machine_mirrors()
     _write(os.path.join(conf, "backends_debian"), debian + "\n")
-    _write(os.path.join(conf, "acng.conf"), C.render_acng_conf(
+    _write(os.path.join(conf, "acng.conf"), config.render_acng_conf(
         conf_dir=conf, cache_dir=p.proxy_cache, log_dir=logd, bind=bridge_ip, port=port,
         pid_file=os.path.join(run, "pid"), socket_path=os.path.join(run, "socket"),
         security_backend=security.rstrip("/")))

@@ -17,7 +17,7 @@ import time
 
 from m3deploy.core.errors import M3Error
 
-from . import config as C
+from . import config
 
 
 class _Log:
@@ -107,14 +107,14 @@ def _port_open(address: str, port: int, timeout: float = 0.3) -> bool:
 
 def cgroup_bases() -> list[str]:
     """Cgroup hierarchies a host is placed in: named systemd (v1) + unified (v2) on hybrid machines."""
-    if os.path.exists(os.path.join(C.CGROUP_ROOT, "cgroup.controllers")):
-        return [C.CGROUP_ROOT]
-    return [os.path.join(C.CGROUP_ROOT, h) for h in C.CGROUP_HIERARCHIES
-            if os.path.isdir(os.path.join(C.CGROUP_ROOT, h))]
+    if os.path.exists(os.path.join(config.CGROUP_ROOT, "cgroup.controllers")):
+        return [config.CGROUP_ROOT]
+    return [os.path.join(config.CGROUP_ROOT, h) for h in config.CGROUP_HIERARCHIES
+            if os.path.isdir(os.path.join(config.CGROUP_ROOT, h))]
 
 
 def _cgroup_dirs(name: str, host: str | None = None) -> list[str]:
-    parts = [C.CGROUP_PARENT, name] + ([host] if host else [])
+    parts = [config.CGROUP_PARENT, name] + ([host] if host else [])
     return [os.path.join(b, *parts) for b in cgroup_bases()]
 
 
@@ -139,20 +139,20 @@ def locked(what: str, timeout_s: float | None = None):
     A second command waits for it (like apt's lock), up to $M3_TESTBED_LOCK_TIMEOUT seconds (default 120)."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("M3_TESTBED_LOCK_TIMEOUT", "120"))
-    path = C.LOCK_PATH
+    path = config.LOCK_PATH
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:  # no O_TRUNC: a waiting command must not wipe the holder's line
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise C.err_lock_path(path, "is a symlink") from None
+            raise config.err_lock_path(path, "is a symlink") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise C.err_lock_path(path, "is not a regular file")
+            raise config.err_lock_path(path, "is not a regular file")
         if st.st_uid != 0:
-            raise C.err_lock_path(path, f"is owned by uid {st.st_uid}, not root")
+            raise config.err_lock_path(path, f"is owned by uid {st.st_uid}, not root")
         deadline = time.monotonic() + timeout_s
         told = False
         while True:
@@ -164,7 +164,7 @@ def locked(what: str, timeout_s: float | None = None):
                     raise
                 holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
                 if time.monotonic() >= deadline:
-                    raise C.err_locked(holder, timeout_s) from None
+                    raise config.err_locked(holder, timeout_s) from None
                 if not told:
                     sys.stderr.write(f"waiting for the testbed lock ({holder or 'held'}) ...\n")
                     told = True

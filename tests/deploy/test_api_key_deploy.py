@@ -63,15 +63,15 @@ def test_readable_key_file_stops_the_deploy_before_any_op(key_file):
 
 
 def test_deploys_own_requests_send_the_key(stub, key_file):
-    """roles/serving.py's serving check, roles/_rollout.py's routed request and readiness.pinned_chat."""
+    """roles/serving.py's serving check, roles/rolling.py's routed request and readiness.pinned_chat."""
     from m3deploy.check import readiness
-    from roles import _rollout, serving
+    from roles import rolling, serving
 
     plan = _plan(stub, key_file)
     assert serving.one_request(plan.endpoint, MODEL, 5, KEY).startswith("HTTP 200, 2 completion tokens")
     with pytest.raises(M3Error, match="HTTP 401"):
         serving.one_request(plan.endpoint, MODEL, 0)  # without it: refused (one attempt, no retry left)
-    _rollout._send(plan)()  # urllib raises on a 401
+    rolling._send(plan)()  # urllib raises on a 401
     assert readiness.pinned_chat(plan.endpoint, MODEL, 7, api_key=KEY) == 7
     assert [a for m, p, a in _VllmStub.seen if m == "POST"] == [f"Bearer {KEY}", None, f"Bearer {KEY}",
                                                                  f"Bearer {KEY}"]

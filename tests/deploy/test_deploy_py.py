@@ -27,7 +27,7 @@ import pytest
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Os, Which
 
-from m3deploy import facts as F
+from m3deploy import facts as host_facts
 from m3deploy.core import build as planmod
 from m3deploy.core import inventory
 from m3deploy.core.model import Service
@@ -36,9 +36,9 @@ from roles.preflight import PreflightFailed
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 DEVICE = json.loads((FIX / "h200x2-device" / "facts.json").read_text())
-AMD_GPUS = F.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text())
-AMD_TOPO = F.parse_rocm_topology((FIX / "mi300x" / "rocm-smi-showtopotype.json").read_text())
-ROCM = F.parse_rocm_version((FIX / "mi300x" / "rocm-version.txt").read_text())
+AMD_GPUS = host_facts.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text())
+AMD_TOPO = host_facts.parse_rocm_topology((FIX / "mi300x" / "rocm-smi-showtopotype.json").read_text())
+ROCM = host_facts.parse_rocm_version((FIX / "mi300x" / "rocm-version.txt").read_text())
 INVENTORIES = ["gb200", "h200", "b200", "mi300x", "mi355x", "mi355x_mxfp4"]
 HF_TOKEN = "hf_DeployTestTokenDoNotLeak0123456789"
 
@@ -59,7 +59,7 @@ def controller(tmp_path, monkeypatch, deploy_file):
     """The controller's side: secrets store and artifact cache under tmp_path, an HF token in the env,
     and a tiny complete wheelhouse (so the artifacts role never reaches PyPI)."""
     from m3deploy.controller import artifacts
-    from roles import _units
+    from roles import cluster_secrets
 
     _runner["run"] = deploy_file  # conftest's run_deploy_file, its patches undone after each test
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
@@ -67,7 +67,7 @@ def controller(tmp_path, monkeypatch, deploy_file):
     monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
     from m3deploy.controller import mockmodel
 
-    _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
+    cluster_secrets.generated.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
     artifacts._checked.clear()  # per-process memo of verified wheelhouses
     mockmodel._built.clear()
     # the hosts' wheelhouse, and the engine containers' (python3.12 on x86_64 and on GB200's aarch64)
@@ -85,7 +85,7 @@ def controller(tmp_path, monkeypatch, deploy_file):
         raise AssertionError("the deploy tests must not download wheels")
     monkeypatch.setattr(artifacts, "_pip_download", no_pypi)
     yield tmp_path / "config"
-    _units._secrets.cache_clear()
+    cluster_secrets.generated.cache_clear()
 
 
 @pytest.fixture
@@ -114,11 +114,11 @@ def _common(hp) -> dict:
         os_["arch"] = "aarch64"
     need = max(hp.weights_gb, 1) * 10**9
     return {
-        F.OsInfo: os_,
-        F.ShmSize: DEVICE["shm"],
-        F.FreeSpace: lambda path: {**DEVICE["disk"], "avail_bytes": need + 500 * 10**9},
-        F.DefaultRouteInterface: hp.interface or DEVICE["default_interface"],
-        F.RdmaDevices: F.parse_rdma("dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand "
+        host_facts.OsInfo: os_,
+        host_facts.ShmSize: DEVICE["shm"],
+        host_facts.FreeSpace: lambda path: {**DEVICE["disk"], "avail_bytes": need + 500 * 10**9},
+        host_facts.DefaultRouteInterface: hp.interface or DEVICE["default_interface"],
+        host_facts.RdmaDevices: host_facts.parse_rdma("dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand "
                                     "netdev=ibp3s0") if hp.needs_rdma else [],
     }
 
@@ -144,17 +144,17 @@ def nvidia_facts(hp, cp, state: str = "provisioned") -> dict:
     present = {**{m: {"mode": 644, "size": 0} for m in markers},
                IMEX_NODES: {"mode": 644, "size": len(imex_text), "user": "root", "group": "root"}}
     t.update({
-        F.NvidiaSmi: {"present": True, "gpus": _nvidia_gpus(hp), "error": ""},
-        F.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
-        F.NvidiaTopology: DEVICE["topology"],
-        F.NvidiaPackages: {"cuda-keyring": "1.1-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
+        host_facts.NvidiaSmi: {"present": True, "gpus": _nvidia_gpus(hp), "error": ""},
+        host_facts.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
+        host_facts.NvidiaTopology: DEVICE["topology"],
+        host_facts.NvidiaPackages: {"cuda-keyring": "1.1-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
                            fm_pkg: "580.159.04-1", "nvidia-container-toolkit": "1.17.4-1"},
-        F.RebootRequired: DEVICE["reboot"],
-        F.GpuServices: F.parse_services(f"{fm_svc} enabled active\ndocker enabled active\n"),
-        F.DockerInfo: F.parse_docker('present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n'
+        host_facts.RebootRequired: DEVICE["reboot"],
+        host_facts.GpuServices: host_facts.parse_services(f"{fm_svc} enabled active\ndocker enabled active\n"),
+        host_facts.DockerInfo: host_facts.parse_docker('present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n'
                                      'ctk=NVIDIA Container Toolkit CLI version 1.17.4\n--- daemon.json\n'
                                      '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}'),
-        F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "1" * 64, "digests": [image]},
+        host_facts.DockerImage: lambda image: {"present": True, "id": "sha256:" + "1" * 64, "digests": [image]},
         File: lambda path: present.get(path),
         Directory: lambda path: {"mode": 755, "user": "root", "group": "root"} if path == "/etc/nvidia-imex" else None,
         Sha1File: lambda path: hashlib.sha1(imex_text.encode()).hexdigest() if path == IMEX_NODES else None,
@@ -173,21 +173,21 @@ def amd_facts(hp, cp, state: str = "provisioned") -> dict:
             g.update(name=hp.gpu_model, gfx="gfx950", memory_mib=int(hp.gpu_memory_gb * 1e9 / 2**20) + 1)
     markers = _markers(hp, cp)
     t.update({
-        F.AmdGpus: gpus, F.AmdTopology: AMD_TOPO, F.RocmVersion: ROCM,
-        F.AmdDevices: lambda user="root": F.parse_amd_devices(
+        host_facts.AmdGpus: gpus, host_facts.AmdTopology: AMD_TOPO, host_facts.RocmVersion: ROCM,
+        host_facts.AmdDevices: lambda user="root": host_facts.parse_amd_devices(
             f"kfd=yes\ndri=card0 card1 renderD128 renderD129\ngroups={user} video render\n"),
-        F.RebootRequired: F.parse_reboot(""),
-        F.GpuServices: F.parse_services("docker enabled active\n"),
-        F.DockerInfo: F.parse_docker("present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n"),
-        F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "2" * 64, "digests": [image]},
+        host_facts.RebootRequired: host_facts.parse_reboot(""),
+        host_facts.GpuServices: host_facts.parse_services("docker enabled active\n"),
+        host_facts.DockerInfo: host_facts.parse_docker("present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n"),
+        host_facts.DockerImage: lambda image: {"present": True, "id": "sha256:" + "2" * 64, "digests": [image]},
         File: lambda path: {"mode": 644, "size": 0} if path in markers else None,
     })
     return t
 
 
 def control_facts(hp, cp, state="provisioned") -> dict:
-    return {F.OsInfo: DEVICE["os"], F.ShmSize: DEVICE["shm"],
-            F.FreeSpace: lambda path: DEVICE["disk"], File: lambda path: None}
+    return {host_facts.OsInfo: DEVICE["os"], host_facts.ShmSize: DEVICE["shm"],
+            host_facts.FreeSpace: lambda path: DEVICE["disk"], File: lambda path: None}
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -477,9 +477,9 @@ def test_fresh_hosts_get_every_role_in_order(inv, cluster_run, controller):
 def test_reboot_needed_stops_or_reboots(inv, cluster_run):
     cluster = Cluster(inv)
     gpu_hosts = [h.name for h in cluster.plan.hosts if h.gpus]
-    pending = F.parse_reboot("nvidia_loaded=570.124.06\nnvidia_installed=580.159.04\n" if
+    pending = host_facts.parse_reboot("nvidia_loaded=570.124.06\nnvidia_installed=580.159.04\n" if
                              cluster.plan.hosts[-1].gpu_vendor == "nvidia" else "file=yes\npkg=linux-image-6.8.0-60\n")
-    facts = {n: {F.RebootRequired: pending} for n in gpu_hosts}
+    facts = {n: {host_facts.RebootRequired: pending} for n in gpu_hosts}
     run = cluster.run(facts=facts)
     assert run.error is None
     for n in gpu_hosts:
@@ -499,11 +499,11 @@ def test_wrong_nvidia_driver_branch_is_replaced(inv, cluster_run):
     facts = {}
     for h in cluster.plan.hosts:
         if h.gpus:
-            pk = dict(cluster.facts(h.name)[F.NvidiaPackages])
+            pk = dict(cluster.facts(h.name)[host_facts.NvidiaPackages])
             del pk["nvidia-driver-580-open"]
             pk["nvidia-driver-570-open"] = "570.124.06-1"
-            facts[h.name] = {F.NvidiaDriver: {"version": "570.124.06", "flavor": "open", "cuda_version": "12.8"},
-                             F.NvidiaPackages: pk}
+            facts[h.name] = {host_facts.NvidiaDriver: {"version": "570.124.06", "flavor": "open", "cuda_version": "12.8"},
+                             host_facts.NvidiaPackages: pk}
     run = cluster.run(facts=facts)
     assert run.error is None  # an old driver is the drivers role's job, not a preflight stop
     for n in facts:
@@ -516,7 +516,7 @@ def test_wrong_nvidia_driver_branch_is_replaced(inv, cluster_run):
 def test_old_rocm_is_upgraded(inv, cluster_run):
     cluster = Cluster(inv)
     (n,) = [h.name for h in cluster.plan.hosts if h.gpus]
-    run = cluster.run(facts={n: {F.RocmVersion: "6.4.1"}})
+    run = cluster.run(facts={n: {host_facts.RocmVersion: "6.4.1"}})
     got = [short(o, n) for o in run.for_host(n) if role(o.name) == "GPU drivers"]
     assert got[0] == "Install amdgpu-install 7.2" and got[-1] == f"Stop: @fake/{n} needs a reboot", got
 
@@ -529,10 +529,10 @@ def test_missing_gpus_stop_the_deploy_before_any_change(inv, cluster_run):
     victim = [h for h in cluster.plan.hosts if h.gpus][-1]
     facts = cluster.facts(victim.name)
     if victim.gpu_vendor == "nvidia":
-        smi = facts[F.NvidiaSmi]
-        fewer = {F.NvidiaSmi: {**smi, "gpus": smi["gpus"][:-1]}}
+        smi = facts[host_facts.NvidiaSmi]
+        fewer = {host_facts.NvidiaSmi: {**smi, "gpus": smi["gpus"][:-1]}}
     else:
-        fewer = {F.AmdGpus: facts[F.AmdGpus][:-1]}
+        fewer = {host_facts.AmdGpus: facts[host_facts.AmdGpus][:-1]}
     run = cluster.run(facts={victim.name: fewer}, raises=(PreflightFailed,))
     err = run.error
     # raised from load_deploy_file (pyinfra's prepare stage) as a PyinfraError: the CLI prints it and
@@ -732,7 +732,7 @@ def test_readiness_waits_are_wired(inv, cluster_run):
             assert ops[wait].conditional and ops[wait].commands == ["PYTHON _wait"], (name, s.unit)
             start = max(i for i, n in enumerate(names) if s.unit in n and not n.startswith("Wait"))
             assert start < wait, (name, s.unit, names)
-        # engine instances roll (m3_rollout = rolling, the default): roles/_rollout.py starts them and waits until
+        # engine instances roll (m3_rollout = rolling, the default): roles/rolling.py starts them and waits until
         # the frontend routes to each; a per-host "frontend lists" wait is only for services started by the host
         # itself (none here), else it would wait for workers the rollout has not started yet (cold deploy)
         listed = [n for n in names if n.startswith("Wait until the frontend lists")]

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from m3deploy import facts as F
+from m3deploy import facts
 from m3deploy.cli import load_plan
 from m3deploy.core.simengine import SIM_ENGINE, SIM_IMAGE
 from roles.images import deploy_images, image_archive_name
@@ -51,7 +51,7 @@ def archive(directory, image_id: str):
 def test_runtime_installs_debians_docker_io_on_a_testbed_host(fake, plan):
     cp = plan()
     hp = cp.host("m3tb-02")
-    run = fake(deploy_runtime, facts={F.OsInfo: DEBIAN, F.DockerInfo: F.parse_docker(""), F.GpuServices: {}},
+    run = fake(deploy_runtime, facts={facts.OsInfo: DEBIAN, facts.DockerInfo: facts.parse_docker(""), facts.GpuServices: {}},
                host_plan=hp, cluster_plan=cp)
     assert "Container runtime | Install the Docker engine" in run.names
     assert any("docker.io" in c for c in run.commands), run.commands
@@ -63,10 +63,10 @@ def test_images_load_the_archive_only_when_it_holds_another_id(fake, plan, tmp_p
     cp = plan(f"m3_image_archive_dir={tmp_path}")
     hp = cp.host("m3tb-02")
     data = {"m3_image_archive_dir": str(tmp_path)}
-    same = fake(deploy_images, facts={F.DockerImage: lambda image: {"present": True, "id": ID, "digests": []}},
+    same = fake(deploy_images, facts={facts.DockerImage: lambda image: {"present": True, "id": ID, "digests": []}},
                 host_plan=hp, cluster_plan=cp, host_data=data)
     assert same.ops == []
-    moved = fake(deploy_images, facts={F.DockerImage: lambda image: {"present": True, "id": "sha256:" + "cd" * 32,
+    moved = fake(deploy_images, facts={facts.DockerImage: lambda image: {"present": True, "id": "sha256:" + "cd" * 32,
                                                                    "digests": []}},
                  host_plan=hp, cluster_plan=cp, host_data=data)
     remote = f"/var/lib/m3/images/{image_archive_name(IMAGE)}"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from m3deploy import facts as F
+from m3deploy import facts as host_facts
 from m3deploy.check import hfcache
 from m3deploy.core import settings
 from m3deploy.core.model import ClusterPlan, HostPlan, ModelRepo, Service
@@ -29,7 +29,7 @@ DEVICE = json.loads((FIX / "h200x2-device" / "facts.json").read_text())
 IMAGE = "vllm/vllm-openai@sha256:" + "ab" * 32
 MODEL = "MiniMaxAI/MiniMax-M3"
 DRAFT = "Inferact/MiniMax-M3-EAGLE3"
-NOBLE = F.parse_os_release((FIX / "h200x2-device" / "os-release.txt").read_text()
+NOBLE = host_facts.parse_os_release((FIX / "h200x2-device" / "os-release.txt").read_text()
                            + "KERNEL=6.8.0-50-generic\nARCH=x86_64\n")
 
 
@@ -66,23 +66,23 @@ def cplan(*hosts, repos=(ModelRepo(MODEL, "target", "m3_model_id"),), **cluster_
 def provisioned_facts() -> dict:
     """An H200 host where everything is already right (driver from the device capture)."""
     return {
-        F.OsInfo: NOBLE,
-        F.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
-        F.NvidiaPackages: {"cuda-keyring": "1.1-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
+        host_facts.OsInfo: NOBLE,
+        host_facts.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
+        host_facts.NvidiaPackages: {"cuda-keyring": "1.1-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
                            "nvidia-fabricmanager-580": "580.159.04-1", "nvidia-container-toolkit": "1.17.4-1"},
-        F.NvidiaSmi: {"present": True, "gpus": DEVICE["gpus"], "error": ""},
-        F.RebootRequired: DEVICE["reboot"],
-        F.GpuServices: F.parse_services("nvidia-fabricmanager enabled active\ndocker enabled active\n"),
-        F.DockerInfo: F.parse_docker('present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n'
+        host_facts.NvidiaSmi: {"present": True, "gpus": DEVICE["gpus"], "error": ""},
+        host_facts.RebootRequired: DEVICE["reboot"],
+        host_facts.GpuServices: host_facts.parse_services("nvidia-fabricmanager enabled active\ndocker enabled active\n"),
+        host_facts.DockerInfo: host_facts.parse_docker('present=yes\nclient=Docker version 27.5.1, build x\nserver=27.5.1\n'
                                      'ctk=NVIDIA Container Toolkit CLI version 1.17.4\n--- daemon.json\n'
                                      '{"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}'),
-        F.DockerImage: lambda image: {"present": True, "id": "sha256:1", "digests": [image]},
+        host_facts.DockerImage: lambda image: {"present": True, "id": "sha256:1", "digests": [image]},
     }
 
 
 def fresh_facts() -> dict:
     """A fresh Ubuntu 24.04 GPU host: no driver, no packages, no docker."""
-    return {F.OsInfo: NOBLE}
+    return {host_facts.OsInfo: NOBLE}
 
 
 # --- drivers ---------------------------------------------------------------------------------
@@ -135,13 +135,13 @@ def test_provisioned_host_has_nothing_to_do(fake):
 def test_right_branch_loaded_without_our_package_is_kept(fake):
     """The capture host's driver comes from a mounted driver dir (no dpkg package): not reinstalled."""
     facts = provisioned_facts()
-    facts[F.NvidiaPackages] = {"cuda-keyring": "1.1-1", "nvidia-fabricmanager-580": "580.159.04-1"}
+    facts[host_facts.NvidiaPackages] = {"cuda-keyring": "1.1-1", "nvidia-fabricmanager-580": "580.159.04-1"}
     assert fake(deploy_drivers, facts=facts, host_plan=hplan()).ops == []
 
 
 def test_host_needing_a_reboot_is_stopped_with_its_name(fake):
     facts = provisioned_facts()
-    facts[F.RebootRequired] = F.parse_reboot("nvidia_loaded=570.124.06\nnvidia_installed=580.159.04\n")
+    facts[host_facts.RebootRequired] = host_facts.parse_reboot("nvidia_loaded=570.124.06\nnvidia_installed=580.159.04\n")
     run = fake(deploy_drivers, facts=facts, host_plan=hplan())
     assert [n.split(" | ")[1] for n in run.names] == ["Stop: @fake/h200-01 needs a reboot"]
     assert "loaded nvidia kernel module 570.124.06 differs from the installed 580.159.04" in run.commands[0]
@@ -152,8 +152,8 @@ def test_host_needing_a_reboot_is_stopped_with_its_name(fake):
 
 def test_wrong_driver_branch_is_replaced(fake):
     facts = provisioned_facts()
-    facts[F.NvidiaDriver] = {"version": "570.124.06", "flavor": "open", "cuda_version": "12.8"}
-    facts[F.NvidiaPackages] = {"cuda-keyring": "1.1-1", "nvidia-driver-570-open": "570.124.06-1",
+    facts[host_facts.NvidiaDriver] = {"version": "570.124.06", "flavor": "open", "cuda_version": "12.8"}
+    facts[host_facts.NvidiaPackages] = {"cuda-keyring": "1.1-1", "nvidia-driver-570-open": "570.124.06-1",
                                "nvidia-fabricmanager-570": "570.124.06-1"}
     run = fake(deploy_drivers, facts=facts, host_plan=hplan())
     assert [n.split(" | ")[1] for n in run.names] == [
@@ -188,7 +188,7 @@ def test_non_ubuntu_fresh_host_gets_a_clear_error(fake):
     from m3deploy.core.errors import M3Error
 
     with pytest.raises(M3Error, match="Ubuntu 22.04 and 24.04"):
-        fake(deploy_drivers, facts={F.OsInfo: F.parse_os_release("ID=rocky\nVERSION_ID=9.4\n")}, host_plan=hplan())
+        fake(deploy_drivers, facts={host_facts.OsInfo: host_facts.parse_os_release("ID=rocky\nVERSION_ID=9.4\n")}, host_plan=hplan())
 
 
 # --- AMD ------------------------------------------------------------------------------------
@@ -213,9 +213,9 @@ def test_fresh_amd_host_installs_rocm_and_groups(fake):
 def test_provisioned_amd_host_has_nothing_to_do(fake):
     hp = hplan("mi300x-01", platform="mi300x", vendor="amd", model="AMD Instinct MI300X", gpus=8,
                data={"m3_gpu_users": ["ubuntu"]})
-    facts = {F.OsInfo: NOBLE, F.RocmVersion: "7.2.0",
-             F.AmdDevices: lambda user="root": F.parse_amd_devices(f"kfd=yes\ndri=card0 renderD128\ngroups={user} video render\n"),
-             F.RebootRequired: F.parse_reboot("")}
+    facts = {host_facts.OsInfo: NOBLE, host_facts.RocmVersion: "7.2.0",
+             host_facts.AmdDevices: lambda user="root": host_facts.parse_amd_devices(f"kfd=yes\ndri=card0 renderD128\ngroups={user} video render\n"),
+             host_facts.RebootRequired: host_facts.parse_reboot("")}
     assert fake(deploy_drivers, facts=facts, host_plan=hp).ops == []
 
 
@@ -244,11 +244,11 @@ def test_fresh_runtime(fake):
 
 def test_runtime_configures_only_what_daemon_json_lacks(fake):
     facts = provisioned_facts()
-    facts[F.DockerInfo] = F.parse_docker("present=yes\nserver=27.5.1\nctk=NVIDIA Container Toolkit CLI version 1.17.4\n"
+    facts[host_facts.DockerInfo] = host_facts.parse_docker("present=yes\nserver=27.5.1\nctk=NVIDIA Container Toolkit CLI version 1.17.4\n"
                                          '--- daemon.json\n{"log-driver": "json-file"}')
     gpus = copy.deepcopy(DEVICE["gpus"])
     gpus[1]["persistence"] = "Disabled"
-    facts[F.NvidiaSmi] = {"present": True, "gpus": gpus, "error": ""}
+    facts[host_facts.NvidiaSmi] = {"present": True, "gpus": gpus, "error": ""}
     run = fake(deploy_runtime, facts=facts, host_plan=hplan())
     assert [n.split(" | ")[1] for n in run.names] == [
         "Add the nvidia runtime to /etc/docker/daemon.json", "Restart docker to load the nvidia runtime",
@@ -258,7 +258,7 @@ def test_runtime_configures_only_what_daemon_json_lacks(fake):
 # --- images -----------------------------------------------------------------------------------
 
 def test_images_pull_by_digest_and_skip_present(fake):
-    facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
+    facts = {host_facts.DockerImage: lambda image: host_facts.parse_docker_image("")}
     hp = hplan()
     run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     assert run.commands == [f"docker pull {IMAGE}"]
@@ -277,7 +277,7 @@ def test_image_pull_always_repulls_tags_never_digests(fake):
 
 def test_images_air_gapped_upload_and_load(fake, tmp_path):
     (tmp_path / image_archive_name(IMAGE)).write_bytes(b"tar")
-    facts = {F.DockerImage: lambda image: F.parse_docker_image("")}
+    facts = {host_facts.DockerImage: lambda image: host_facts.parse_docker_image("")}
     hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
     run = fake(deploy_images, facts=facts, host_plan=hp, cluster_plan=cplan(hp))
     remote = f"/var/lib/m3/images/{image_archive_name(IMAGE)}"
@@ -291,7 +291,7 @@ def test_images_air_gapped_missing_archive_names_the_fix(fake, tmp_path):
 
     with pytest.raises(M3Error, match="m3deploy save-images INVENTORY"):
         hp = hplan(data={"m3_image_archive_dir": str(tmp_path)})
-        fake(deploy_images, facts={F.DockerImage: lambda image: F.parse_docker_image("")}, host_plan=hp,
+        fake(deploy_images, facts={host_facts.DockerImage: lambda image: host_facts.parse_docker_image("")}, host_plan=hp,
              cluster_plan=cplan(hp))
 
 
@@ -366,11 +366,11 @@ def test_weights_shared_cache_downloads_once(fake, monkeypatch):
 
 def _device_fact_table(**over) -> dict:
     """Fact classes -> the values captured on the 2x H200 device."""
-    t = {F.NvidiaSmi: {"present": True, "gpus": DEVICE["gpus"], "error": ""},
-         F.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
-         F.NvidiaTopology: DEVICE["topology"], F.DefaultRouteInterface: "eth0", F.ShmSize: DEVICE["shm"],
-         F.OsInfo: DEVICE["os"], F.RebootRequired: DEVICE["reboot"],
-         F.FreeSpace: lambda path: {**DEVICE["disk"], "avail_bytes": 900 * 10**9}}
+    t = {host_facts.NvidiaSmi: {"present": True, "gpus": DEVICE["gpus"], "error": ""},
+         host_facts.NvidiaDriver: {k: DEVICE["driver"][k] for k in ("version", "flavor", "cuda_version")},
+         host_facts.NvidiaTopology: DEVICE["topology"], host_facts.DefaultRouteInterface: "eth0", host_facts.ShmSize: DEVICE["shm"],
+         host_facts.OsInfo: DEVICE["os"], host_facts.RebootRequired: DEVICE["reboot"],
+         host_facts.FreeSpace: lambda path: {**DEVICE["disk"], "avail_bytes": 900 * 10**9}}
     t.update(over)
     return t
 
@@ -382,16 +382,16 @@ def test_preflight_role_passes_on_the_device_facts(fake):
 def test_preflight_role_defers_gpu_checks_on_a_fresh_host(fake):
     """No driver yet: the drivers role installs it; disk/shm still count."""
     t = _device_fact_table()
-    for k in (F.NvidiaSmi, F.NvidiaDriver, F.NvidiaTopology):
+    for k in (host_facts.NvidiaSmi, host_facts.NvidiaDriver, host_facts.NvidiaTopology):
         del t[k]
     assert fake(preflight, facts=t, host_plan=hplan()).ops == []
 
 
 def test_preflight_role_stops_on_missing_gpus_and_names_every_host(fake):
     few = _device_fact_table()
-    few[F.NvidiaSmi] = {"present": True, "gpus": DEVICE["gpus"][:1], "error": ""}
+    few[host_facts.NvidiaSmi] = {"present": True, "gpus": DEVICE["gpus"][:1], "error": ""}
     small = _device_fact_table()
-    small[F.FreeSpace] = lambda path: {**DEVICE["disk"], "avail_bytes": 10**9}
+    small[host_facts.FreeSpace] = lambda path: {**DEVICE["disk"], "avail_bytes": 10**9}
     a, b = hplan("h200-01"), hplan("h200-02", address="10.0.0.12")
     with pytest.raises(PreflightFailed) as e:
         fake(preflight, cluster_plan=cplan(a, b), hosts={"h200-01": {"facts": few}, "h200-02": {"facts": small}})

@@ -104,7 +104,7 @@ def test_three_control_hosts_run_etcd_and_nats_clusters(ha, controller):
 def test_a_changed_worker_keeps_its_previous_unit_and_env(ha):
     """The rollback copies: before a worker's unit or env file is rewritten, the old one goes to
     /var/lib/m3/rollback (0600 root); nothing is copied when nothing changes or on a first deploy."""
-    from roles._units import PathState
+    from roles.hostops import PathState
 
     cluster, _ = ha
     w = cluster.groups["workers"][0]
@@ -122,7 +122,7 @@ def test_a_changed_worker_keeps_its_previous_unit_and_env(ha):
 def test_a_unit_left_running_older_files_restarts_on_the_rerun(ha):
     """A re-run whose files are already right still restarts a unit whose process is older than them (a run
     cut off between writing and restarting: a host lost mid-deploy, a stopped rollout)."""
-    from roles._units import RunsOlderFiles
+    from roles.lifecycle import RunsOlderFiles
 
     cluster, _ = ha
     w = cluster.groups["workers"][0]
@@ -135,23 +135,24 @@ def test_a_unit_left_running_older_files_restarts_on_the_rerun(ha):
 
 def test_a_host_whose_files_are_right_gets_no_restart_or_reload_op(ha):
     """A no-change re-run: every file of a worker host already right (PathState, the one fact put_text asks) ->
-    its services get only "Start <unit>" (roles/_units.activate): no daemon-reload, restart or enable op is made,
+    its services get only "Start <unit>" (roles/lifecycle.activate): no daemon-reload, restart or enable op is made,
     since none would run a command (pyinfra's cost of a re-run is per operation). A changed env file on the same
     host still makes its restart path."""
     import hashlib
 
-    from m3deploy import facts as F
+    from m3deploy import facts
     from m3deploy.deploy import hostfiles
     from m3deploy.facts.parse import parse_docker_image
-    from roles._units import PathState, _mode, secrets_for
+    from roles.cluster_secrets import secrets_for
+    from roles.hostops import PathState, mode_digits
 
     cluster, first = ha
     w = cluster.groups["workers"][0]
     hp = next(h for h in cluster.plan.hosts if h.name == w)
     sent = {d: t for o in first.for_host(w) for d, t in o.uploads.items()}  # as the first run rendered them (facts)
-    right = {f.path: f"{_mode(f.mode)}:{f.user}:{f.group}:{hashlib.sha256(sent[f.path].encode()).hexdigest()}"
+    right = {f.path: f"{mode_digits(f.mode)}:{f.user}:{f.group}:{hashlib.sha256(sent[f.path].encode()).hexdigest()}"
              for f in hostfiles.host_files(cluster.plan, hp, secrets_for(cluster.plan)) if f.path in sent}
-    image = {F.DockerImage: lambda image: parse_docker_image("sha256:" + "a" * 64 + " ")}  # its engine image there
+    image = {facts.DockerImage: lambda image: parse_docker_image("sha256:" + "a" * 64 + " ")}  # its engine image there
     run = cluster.run(facts={w: {PathState: lambda path: right.get(path, "-"), **image}})
     assert run.error is None, run.error
     names = [short(o, w) for o in run.for_host(w)]

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 from test_gpu_roles import DEVICE, _device_fact_table, cplan, hplan
 
-from m3deploy import facts as F
+from m3deploy import facts
 from m3deploy.check.preflight import check_host, kvfabric, run_kv_transfer_checks
 from m3deploy.cli import load_plan
 from m3deploy.core.model import Port, Service
@@ -84,7 +84,7 @@ def test_the_preflight_role_stops_a_deploy_on_a_host_without_rdma(fake):
 
 
 def test_the_preflight_role_passes_with_the_fabric(fake):
-    t = {**_device_fact_table(), F.RdmaDevices: ACTIVE, F.NvidiaTopology: NIC_TOPO}
+    t = {**_device_fact_table(), facts.RdmaDevices: ACTIVE, facts.NvidiaTopology: NIC_TOPO}
     assert fake(preflight, facts=t, host_plan=disagg_host(), cluster_plan=cplan(disagg_host())).ops == []
 
 

@@ -26,12 +26,12 @@ T1, T2 = "gb200-r01-t01", "gb200-r01-t02"
 
 @pytest.fixture
 def cp(monkeypatch, tmp_path):
-    from roles import _units
+    from roles import cluster_secrets
 
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
-    _units._secrets.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
+    cluster_secrets.generated.cache_clear()  # lru_cache keyed by cluster name only: it would outlive the tmp store
     yield load_plan("inventories/gb200.py", TRTLLM, facts=False)
-    _units._secrets.cache_clear()
+    cluster_secrets.generated.cache_clear()
 
 
 def _both(fake, cp):
@@ -151,13 +151,13 @@ def test_env_from_rank0s_facts_reaches_every_rank(cp):
 
 
 def test_rolling_restart_starts_the_followers_sshd_before_rank0(cp, monkeypatch, tmp_path):
-    """roles/_rollout.py starts an instance's ranks by their `after`: an MPI world's sshd before rank 0's mpirun,
+    """roles/rolling.py starts an instance's ranks by their `after`: an MPI world's sshd before rank 0's mpirun,
     a vLLM worker's rank 0 before its headless ranks."""
-    from roles import _rollout
+    from roles import rolling
 
-    assert _rollout._waves(cp, [cp.workers[0]]) == [[f"{T2}/m3-worker@0"], [f"{T1}/m3-worker@0"]]
+    assert rolling._waves(cp, [cp.workers[0]]) == [[f"{T2}/m3-worker@0"], [f"{T1}/m3-worker@0"]]
     vllm = load_plan("inventories/gb200.py", [], facts=False)
-    assert _rollout._waves(vllm, [vllm.workers[0]]) == [[f"{T1}/m3-worker@0"], [f"{T2}/m3-worker@0"]]
+    assert rolling._waves(vllm, [vllm.workers[0]]) == [[f"{T1}/m3-worker@0"], [f"{T2}/m3-worker@0"]]
 
 
 def test_the_followers_sshd_port_is_checked_like_every_plan_port(monkeypatch, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from m3deploy import facts as F
+from m3deploy import facts as host_facts
 from m3deploy.check.preflight import check_host
 from m3deploy.core import build as planmod
 from m3deploy.core import catalog, inventory
@@ -66,7 +66,7 @@ def test_preflight_expects_the_catalog_gpus(h100):
     hp = plan().host("h100-01")
     gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "driver_version": "580.95.05",
              "mig": "Disabled"} for i in range(8)]
-    facts = F.assemble({"NvidiaSmi": {"present": True, "gpus": gpus, "error": ""},
+    facts = host_facts.assemble({"NvidiaSmi": {"present": True, "gpus": gpus, "error": ""},
                         "NvidiaDriver": {"version": "580.95.05", "flavor": "open", "cuda_version": "13.0"}})
     checks = {c.name: c for c in check_host(hp, facts)}
     assert checks["gpu-count"].ok and checks["gpu-model"].ok and checks["gpu-memory"].ok and checks["driver"].ok
@@ -76,7 +76,7 @@ def test_preflight_expects_the_catalog_gpus(h100):
 
 def test_drivers_role_runs_the_fabric_of_the_catalog_entry(h100, fake):
     hp = plan().host("h100-01")
-    os_ = F.parse_os_release('ID=ubuntu\nVERSION_ID="24.04"\nVERSION_CODENAME=noble\nKERNEL=6.8.0-50-generic\n'
+    os_ = host_facts.parse_os_release('ID=ubuntu\nVERSION_ID="24.04"\nVERSION_CODENAME=noble\nKERNEL=6.8.0-50-generic\n'
                              'ARCH=x86_64\n')
-    run = fake(deploy_drivers, facts={F.OsInfo: os_}, host_plan=hp)
+    run = fake(deploy_drivers, facts={host_facts.OsInfo: os_}, host_plan=hp)
     assert "Install nvidia-driver-580-open, nvidia-fabricmanager-580" in [n.split(" | ")[1] for n in run.names]

@@ -45,11 +45,11 @@ def _masked(text: str) -> list[str]:
 def _save_preflight_facts(cluster) -> None:
     """What `m3deploy preflight` saves for the multi-host GPU hosts (their networking env comes from live facts
     in a deploy; render, like `plan`, reads these), from the same fact values the @fake hosts answer."""
-    from m3deploy import facts as F
+    from m3deploy import facts
     from m3deploy.controller import factcache
 
     factcache.save(cluster.plan.name, {
-        h.name: {"default_interface": t[F.DefaultRouteInterface], "rdma": t[F.RdmaDevices]}
+        h.name: {"default_interface": t[facts.DefaultRouteInterface], "rdma": t[facts.RdmaDevices]}
         for h in cluster.plan.hosts if h.needs_rdma for t in [cluster.facts(h.name, "fresh")]})
 
 

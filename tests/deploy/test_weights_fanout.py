@@ -11,7 +11,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import Command
 
 from m3deploy.core.model import ModelRepo
-from roles import weights as W
+from roles import weights
 from tests.deploy.test_gpu_roles import MODEL, cplan, hplan
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfTheSender"
@@ -33,14 +33,14 @@ def cluster(source="controller", done=(), fanout=1, mock=1, cache=None, repos=No
     data = {"ssh_user": "root", "ssh_key": "/home/op/.ssh/id_ed25519", "ssh_known_hosts_file": "/home/op/kh"}
     hosts = {n: {"host_data": {**data, "ssh_hostname": h.address},
                  "facts": {File: (lambda path, n=n: {"mode": 644} if (n in done and ".m3-complete-" in path)
-                                  or path == W.TRANSFER_KEY else None),
+                                  or path == weights.TRANSFER_KEY else None),
                            Command: HOST_KEY}} for n, h in zip(NAMES, hps)}
     return cp, hosts
 
 
 def test_controller_tree_rounds_commands_and_keys(fake, env):
     cp, hosts = cluster()
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     rounds = {n: [o for o in run.for_host(n) if o.name.startswith("Model weights | Weights round")] for n in NAMES}
     # ceil(log2(4 + 1)): one op per round on every host, from one call site (under pyinfra's CLI that makes it
     # one op of every host, finished everywhere before the next round: tests/e2e/test_weights_fanout_testbed.py)
@@ -109,26 +109,26 @@ def _commit(run, cp):
 def test_controller_push_argv(env):
     data = {"ssh_user": "root", "ssh_hostname": "10.0.0.12", "ssh_port": 2222, "ssh_key": "/home/op/key",
             "ssh_known_hosts_file": "/home/op/kh"}
-    argv = W.push_argv("/c/hub/models--A--B", "/var/lib/m3/hf", "A/B", data, "g2")
+    argv = weights.push_argv("/c/hub/models--A--B", "/var/lib/m3/hf", "A/B", data, "g2")
     assert argv == [
         "rsync", "-a", "--partial-dir=.m3-partial", "--exclude=*.incomplete", "--exclude=.m3-partial", "-e",
         "ssh -i /home/op/key -p 2222 -o UserKnownHostsFile=/home/op/kh -o StrictHostKeyChecking=yes "
         "-o BatchMode=yes",
         "--rsync-path=mkdir -p /var/lib/m3/hf/hub && flock -w 21600 /var/lib/m3/hf/hub/.m3-weights.lock rsync",
         "/c/hub/models--A--B/", "root@10.0.0.12:/var/lib/m3/hf/hub/models--A--B/"]
-    v6 = W.push_argv("/c/x", "/var/lib/m3/hf", "A/B", {**data, "ssh_hostname": "fd00::12"}, "g2")
+    v6 = weights.push_argv("/c/x", "/var/lib/m3/hf", "A/B", {**data, "ssh_hostname": "fd00::12"}, "g2")
     assert v6[-1] == "root@[fd00::12]:/var/lib/m3/hf/hub/models--A--B/"
 
 
 def test_rerun_with_every_host_complete_has_no_ops(fake, env):
     cp, hosts = cluster(done=set(NAMES))
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     assert all(run.for_host(n) == [] for n in NAMES)
 
 
 def test_only_missing_hosts_are_scheduled(fake, env):
     cp, hosts = cluster(done={"g1", "g2", "g3"}, fanout=4)
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     rounds = [o for o in run.for_host("g4") if "Weights round" in o.name]
     assert len(rounds) == 1 and "PYTHON _push" in rounds[0].commands
     assert not any("authorized_keys" in c for n in NAMES for o in run.for_host(n) for c in o.commands)
@@ -136,7 +136,7 @@ def test_only_missing_hosts_are_scheduled(fake, env):
 
 def test_mirror_downloads_once_then_serves(fake, env):
     cp, hosts = cluster(source="mirror:g2", mock=0, fanout=2)
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     def downloads(n):
         return [c for o in run.for_host(n) for c in o.commands if " download " in c]
 
@@ -150,7 +150,7 @@ def test_mirror_downloads_once_then_serves(fake, env):
 
 def test_hub_source_downloads_everywhere(fake, env):
     cp, hosts = cluster(source="hub", mock=0)
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     assert all(any(" download " in c for o in run.for_host(n) for c in o.commands) for n in NAMES)
     assert not any("rsync" in c for n in NAMES for c in (x for o in run.for_host(n) for x in o.commands))
 
@@ -158,7 +158,7 @@ def test_hub_source_downloads_everywhere(fake, env):
 def test_two_repos_share_the_rounds(fake, env):
     cp, hosts = cluster(repos=(ModelRepo(MODEL, "target", "m3_model_id"),
                                ModelRepo("Inferact/MiniMax-M3-EAGLE3", "draft", "--speculative-config")))
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     r2 = next(o for o in run.for_host("g3") if "Weights round 2/" in o.name)
     assert [c.split()[-1] for c in r2.commands if c.startswith("flock")] == [
         "/var/lib/m3/hf/hub/models--MiniMaxAI--MiniMax-M3/", "/var/lib/m3/hf/hub/models--Inferact--MiniMax-M3-EAGLE3/"]
@@ -181,7 +181,7 @@ def test_controller_downloads_a_missing_repo_once_then_checks_it(fake, env, monk
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     cache = env / "hf"
     cp, hosts = cluster(mock=0, cache=str(cache))
-    run = fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+    run = fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)
     assert calls == [(MODEL, "main", str(cache / "hub"), None)]
     assert "PYTHON _push" in next(o for o in run.for_host("g1") if "Weights round 1/" in o.name).commands
 
@@ -194,4 +194,4 @@ def test_controller_cache_incomplete_after_download_stops_with_the_fix(fake, env
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: None)  # wrote nothing
     cp, hosts = cluster(mock=0, cache=str(env / "hf"))
     with pytest.raises(M3Error, match=r"MiniMaxAI/MiniMax-M3 is not complete in .*hf/hub.*Fix: `HF_HOME="):
-        fake(W.deploy_weights, cluster_plan=cp, hosts=hosts)
+        fake(weights.deploy_weights, cluster_plan=cp, hosts=hosts)

@@ -14,7 +14,7 @@ from m3deploy.cli import load_plan
 from m3deploy.controller import simimage
 from m3deploy.controller.images import archive_image_id
 from m3deploy.core.simengine import SIM_DRAFT, SIM_ENGINE, SIM_IMAGE
-from m3deploy.testbed import config as C
+from m3deploy.testbed import config
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = {"hosts": [{"name": f"m3tb-0{i}", "address": f"10.77.0.{10 + i}"} for i in range(1, 4)],
@@ -92,16 +92,16 @@ def test_unknown_runtime_is_refused_naming_the_key(plan):
 
 
 def test_docker_host_options_give_nspawn_what_dockerd_needs():
-    args, env = C.nspawn_options(("docker",), "/var/lib/m3deploy/testbed/t/hosts/t-01")
+    args, env = config.nspawn_options(("docker",), "/var/lib/m3deploy/testbed/t/hosts/t-01")
     assert "--capability=CAP_NET_ADMIN" in args
     assert {"--system-call-filter=@keyring", "--system-call-filter=bpf"} <= set(args)
     assert "--bind=/var/lib/m3deploy/testbed/t/hosts/t-01/docker:/var/lib/docker" in args
     assert env == {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
-    assert C.nspawn_options((), "/x") == ([], {})
+    assert config.nspawn_options((), "/x") == ([], {})
     # net-admin (a VRRP address on the testbed, tests/e2e/test_testbed_net_admin.py): only the capability
-    assert C.nspawn_options(("net-admin",), "/x") == (["--capability=CAP_NET_ADMIN"], {})
+    assert config.nspawn_options(("net-admin",), "/x") == (["--capability=CAP_NET_ADMIN"], {})
     with pytest.raises(Exception, match="unknown testbed host option"):
-        C.check_options(("podman",))
+        config.check_options(("podman",))
 
 
 def test_archive_image_id_reads_docker_saves_manifest(tmp_path):

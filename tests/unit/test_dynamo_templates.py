@@ -9,7 +9,6 @@ from sample_plans import gpu_worker, sim_plan
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import hostfiles
 from m3deploy.deploy.render import env_line, render, service_env, systemd_arg, systemd_argv
-from roles._units import restart_s
 
 SECRETS = {"nats-password": "m3p-NATSsecret", "etcd-password": "m3p-ETCDsecret",
            "etcd-root-password": "m3p-ROOTsecret"}
@@ -24,7 +23,7 @@ def all_services():
 
 def unit(s, **kw):
     return render(TEMPLATE[s.kind], cluster="testbed", service=s, user="root", timeout_start_s=150,
-                  stop_timeout_s=30, restart_s=restart_s(s), auth_script="/usr/local/lib/m3/m3-etcd-auth.py",
+                  stop_timeout_s=30, restart_s=hostfiles.restart_s(s), auth_script="/usr/local/lib/m3/m3-etcd-auth.py",
                   unregister_script="", **kw)
 
 

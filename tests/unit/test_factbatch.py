@@ -9,7 +9,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.facts.server import Command
 
 from m3deploy.deploy import factbatch
-from roles._units import PathState
+from roles.hostops import PathState
 
 RECORD = "cl/fact-rounds-present"
 

@@ -162,7 +162,7 @@ def test_launcher_exports_the_files_text_and_execs(tmp_path):
 def test_with_the_edge_every_frontend_is_a_tls_client():
     p = build(hosts(m3_edge=True), name="t")
     fronts = [s for h in p.hosts for s in h.services if s.kind == "frontend"]
-    assert len(fronts) == 2 and all(internal_tls.launcher(s) for s in fronts)
+    assert len(fronts) == 2 and all(s.launcher for s in fronts)
     assert len({internal_tls.paths(s)["key"] for s in fronts}) == 2  # each its own files
     assert p.endpoint.startswith("https://")
 

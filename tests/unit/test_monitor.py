@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from m3deploy.check.status import quantile_from_buckets
-from m3deploy.core import monitor as M
+from m3deploy.core import components, monitor
 from m3deploy.core.build import build
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import load_inventory
@@ -29,8 +29,8 @@ def names(f: str) -> set[str]:
 
 def test_off_by_default_and_no_monitoring_service_without_it():
     p = plan()
-    assert not [s for h in p.hosts for s in h.services if s.kind in M.KINDS]
-    assert M.prometheus_url(p) == ""
+    assert not [s for h in p.hosts for s in h.services if components.get(s.kind).stage == "monitoring"]
+    assert monitor.prometheus_url(p) == ""
 
 
 @pytest.mark.parametrize("inv", ["h200", "mi300x", "gb200"])  # standalone (no control host), standalone, Dynamo
@@ -47,8 +47,8 @@ def test_exporters_on_every_host_prometheus_on_the_first_control_host_all_on_clu
             for port in s.ports:
                 assert port.address == h.address, (h.name, s.name, port)
             if s.kind == "gpu-exporter":  # published on the cluster address only, the vendor's image
-                assert f"{M.url_host(h.address)}:{port.port}:" in " ".join(s.docker_args)
-                assert s.image == M.exporter_of(h.gpu_vendor)["image"]
+                assert f"{monitor.url_host(h.address)}:{port.port}:" in " ".join(s.docker_args)
+                assert s.image == monitor.exporter_of(h.gpu_vendor)["image"]
 
 
 def test_a_monitor_group_takes_prometheus(tmp_path):
@@ -63,7 +63,7 @@ def test_a_monitor_group_takes_prometheus(tmp_path):
 
 def test_scrape_targets_are_the_plans_metrics_ports():
     p = plan("gb200", m3_monitor=True)
-    conf = M.prometheus_config(p)
+    conf = monitor.prometheus_config(p)
     got = {(j["job_name"], t) for j in conf["scrape_configs"] for sc in j["static_configs"] for t in sc["targets"]}
     want = set()
     for h in p.hosts:
@@ -78,12 +78,12 @@ def test_scrape_targets_are_the_plans_metrics_ports():
                 want.add(("etcd", f"{h.address}:{ports['client']}"))
     assert want <= got
     assert {j for j, _ in got} >= {"frontend", "worker", "etcd", "nats", "node", "gpu", "prometheus"}
-    assert conf["rule_files"] == [M.PROMETHEUS_RULES]
+    assert conf["rule_files"] == [monitor.PROMETHEUS_RULES]
 
 
 def test_retention_bounds_reach_prometheus_and_bad_ones_are_refused():
     p = plan(m3_monitor=True, m3_prometheus_retention_time="30d", m3_prometheus_retention_size="50GB")
-    argv = M.prometheus_service(p)[1].argv
+    argv = monitor.prometheus_service(p)[1].argv
     assert "--storage.tsdb.retention.time=30d" in argv and "--storage.tsdb.retention.size=50GB" in argv
     with pytest.raises(ValidationError) as e:
         plan(m3_monitor=True, m3_prometheus_retention_size="lots")
@@ -96,33 +96,33 @@ def test_the_rules_and_dashboards_use_only_names_a_dynamo_161_frontend_and_mocke
     served = names("dynamo-1.6.1-frontend.txt") | names("dynamo-1.6.1-mocker.txt")
     p = plan("gb200", m3_monitor=True, m3_engine="mocker", m3_platform="sim", m3_parallel="tp1",
              m3_variant="bf16", m3_features=[])  # gb200's eagle3-gqa and text-only are vLLM's: refused on the mocker
-    used = M.used_metrics(p)
+    used = monitor.used_metrics(p)
     dynamo = {n for n in used if n.startswith(("dynamo_", "vllm:"))}
     assert dynamo, used
     missing = {n: sorted(used[n]) for n in dynamo if n not in served}
     assert not missing
-    recorded = M.recorded_names(p)
-    for g in M.rules(p)["groups"]:
+    recorded = monitor.recorded_names(p)
+    for g in monitor.rules(p)["groups"]:
         for r in g["rules"]:
-            for n in M.metric_names(r["expr"]):
+            for n in monitor.metric_names(r["expr"]):
                 assert not n.startswith("m3:") or n in recorded, (r, n)
 
 
 def test_metric_names_ignores_labels_functions_and_grouping():
     e = 'histogram_quantile(0.99, sum by (le, model) (rate(a_b_bucket{job="x",le!="1"}[5m]))) / on(x) vllm:kv or up'
-    assert M.metric_names(e) == {"a_b_bucket", "vllm:kv", "up"}
+    assert monitor.metric_names(e) == {"a_b_bucket", "vllm:kv", "up"}
 
 
 def test_prometheus_files_are_host_files_in_the_manifest_and_valid_yaml():
     p = plan("gb200", m3_monitor=True)
-    h, s = M.prometheus_service(p)
+    h, s = monitor.prometheus_service(p)
     files = {f.path: f for f in hostfiles.host_files(p, h)}
-    conf = yaml.safe_load(files[M.PROMETHEUS_CONF].text)
+    conf = yaml.safe_load(files[monitor.PROMETHEUS_CONF].text)
     assert conf["global"]["external_labels"] == {"cluster": p.name}
-    assert yaml.safe_load(files[M.PROMETHEUS_RULES].text)["groups"]
+    assert yaml.safe_load(files[monitor.PROMETHEUS_RULES].text)["groups"]
     assert files["/etc/systemd/system/prometheus.service"].link == "/dev/null"  # the package's unit, masked
     m = hostfiles.manifest(p, h)
-    assert {M.PROMETHEUS_CONF, M.PROMETHEUS_RULES, "/etc/systemd/system/m3-prometheus.service"} <= set(m["files"])
+    assert {monitor.PROMETHEUS_CONF, monitor.PROMETHEUS_RULES, "/etc/systemd/system/m3-prometheus.service"} <= set(m["files"])
     assert {"prometheus", "prometheus-node-exporter"} <= set(m["packages"])
     assert "m3-prometheus.service" in m["units"] and s.workdir in m["dirs"]
     assert not [e for k in hostfiles.MANIFEST_KEYS for e in m[k] if hostfiles.removal_problem(k, e)]
@@ -130,7 +130,7 @@ def test_prometheus_files_are_host_files_in_the_manifest_and_valid_yaml():
 
 def test_alerts_cover_the_issues_list():
     p = plan("gb200", m3_monitor=True, m3_alert_ttft_p99_s=2.5)
-    alerts = {r["alert"]: r for r in M.alert_rules(p)}
+    alerts = {r["alert"]: r for r in monitor.alert_rules(p)}
     assert {"M3NoRoutableWorker", "M3WorkerDown", "M3TimeToFirstTokenHigh", "M3KVCacheNearlyFull",
             "M3EtcdLeaderChanges", "M3NatsSlowConsumers", "M3HostDiskNearlyFull", "M3HostMemoryNearlyFull"} <= set(alerts)
     assert alerts["M3TimeToFirstTokenHigh"]["expr"].endswith("> 2.5")
@@ -138,7 +138,7 @@ def test_alerts_cover_the_issues_list():
 
 def test_dashboards_per_cluster_list_its_workers_and_hosts():
     p = plan("gb200", m3_monitor=True)
-    d = M.dashboards(p)
+    d = monitor.dashboards(p)
     assert set(d) == {f"m3-{p.name}-{x}.json" for x in ("overview", "workers", "hosts")}
     var = {v["name"]: v for v in d[f"m3-{p.name}-hosts.json"]["templating"]["list"]}
     assert var["host"]["query"].split(",") == [h.name for h in p.hosts]
@@ -194,10 +194,10 @@ def test_status_reads_a_161_mockers_own_metrics():
 
 def test_a_standalone_engine_is_scraped_on_its_http_port():
     p = plan("h200", m3_monitor=True)
-    engines = [t for t in M.targets(p) if t.job == "engine"]
+    engines = [t for t in monitor.targets(p) if t.job == "engine"]
     assert [(t.host, t.service) for t in engines] == [tuple(w.services[0].split("/")) for w in p.workers]
     for t in engines:
         s = p.host(t.host).service(t.service)
         assert t.address.endswith(f":{next(x.port for x in s.ports if x.name == 'http')}")
-    assert all(r.get("expr", "").find('job="engine"') >= 0 for r in M.recording_rules(p) if r["record"] ==
+    assert all(r.get("expr", "").find('job="engine"') >= 0 for r in monitor.recording_rules(p) if r["record"] ==
                "m3:worker_kv_usage:ratio")

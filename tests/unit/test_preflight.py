@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from m3deploy import facts as F
+from m3deploy import facts as host_facts
 from m3deploy.check.preflight import (
     Check,
     check_host,
@@ -60,7 +60,7 @@ def test_too_few_gpus_wrong_model_and_old_driver():
 def test_mixed_models_mig_and_reboot():
     facts = device_facts()
     facts["gpus"][1] = {**facts["gpus"][1], "name": "NVIDIA H100 80GB HBM3", "mig": "Enabled"}
-    facts["reboot"] = F.parse_reboot("nvidia_loaded=570.1\nnvidia_installed=580.95.05\n")
+    facts["reboot"] = host_facts.parse_reboot("nvidia_loaded=570.1\nnvidia_installed=580.95.05\n")
     checks = by_name(check_host(h200(), facts))
     assert not checks["gpu-mixed"].ok and "H100" in checks["gpu-mixed"].detail
     assert not checks["mig"].ok and "1" in checks["mig"].detail
@@ -68,7 +68,7 @@ def test_mixed_models_mig_and_reboot():
 
 
 def test_nvml_mismatch_is_reported():
-    facts = F.assemble({"NvidiaSmi": {**F.parse_nvidia_query(
+    facts = host_facts.assemble({"NvidiaSmi": {**host_facts.parse_nvidia_query(
         "Failed to initialize NVML: Driver/library version mismatch"), "present": True}})
     checks = by_name(check_host(h200(), facts))
     assert not checks["gpu-driver-loaded"].ok and "reboot" in checks["gpu-driver-loaded"].fix
@@ -81,15 +81,15 @@ def test_disk_shm_and_rdma():
     assert not checks["disk"].ok and "444 GB" in checks["disk"].detail and "/var/lib" in checks["disk"].detail
     assert not checks["shm"].ok and "size=200G" in checks["shm"].fix
     assert not checks["rdma"].ok
-    facts["rdma"] = F.parse_rdma("dev=mlx5_0 port=1 state=1: DOWN phys=3: Disabled link_layer=InfiniBand netdev=ib0\n")
+    facts["rdma"] = host_facts.parse_rdma("dev=mlx5_0 port=1 state=1: DOWN phys=3: Disabled link_layer=InfiniBand netdev=ib0\n")
     assert not by_name(check_host(h200(gpus=1, needs_rdma=True), facts))["rdma"].ok
-    facts["rdma"] = F.parse_rdma("dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand netdev=ib0\n")
+    facts["rdma"] = host_facts.parse_rdma("dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand netdev=ib0\n")
     assert by_name(check_host(h200(gpus=1, needs_rdma=True), facts))["rdma"].ok
 
 
 def test_control_and_sim_hosts_skip_gpu_checks():
-    facts = F.assemble({"OsInfo": F.parse_os_release("ID=debian\nVERSION_ID=12\n")},
-                       F.parse_df("checked=/\n100 50 /\n"))
+    facts = host_facts.assemble({"OsInfo": host_facts.parse_os_release("ID=debian\nVERSION_ID=12\n")},
+                       host_facts.parse_df("checked=/\n100 50 /\n"))
     for hp in (HostPlan(name="ctl", address="10.0.0.2", groups=("control",)),
                HostPlan(name="sim-1", address="10.0.0.3", groups=("workers",), platform="sim")):
         checks = by_name(check_host(hp, facts))
@@ -98,15 +98,15 @@ def test_control_and_sim_hosts_skip_gpu_checks():
 
 def test_amd_checks_on_documented_mi300x_outputs():
     """MI300X facts built from tests/fixtures/mi300x, which are written from the AMD docs, not captured."""
-    facts = F.assemble({"AmdGpus": F.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text()),
+    facts = host_facts.assemble({"AmdGpus": host_facts.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text()),
                         "RocmVersion": "7.2.0",
-                        "AmdDevices": F.parse_amd_devices("kfd=yes\ndri=card0 renderD128\ngroups=root video render\n")})
+                        "AmdDevices": host_facts.parse_amd_devices("kfd=yes\ndri=card0 renderD128\ngroups=root video render\n")})
     hp = h200(platform="mi300x", gpu_vendor="amd", gpu_model="AMD Instinct MI300X", gpus=8, gpu_memory_gb=192,
               weights_gb=0, shm_min_gb=0)
     checks = by_name(check_host(hp, facts))
     assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
     facts["driver"]["rocm_version"] = "6.4.1"
-    facts["amd_devices"] = F.parse_amd_devices("groups=root\n")
+    facts["amd_devices"] = host_facts.parse_amd_devices("groups=root\n")
     checks = by_name(check_host(hp, facts))
     assert not checks["driver"].ok and "7.2" in checks["driver"].detail
     assert not checks["amd-devices"].ok
@@ -125,14 +125,14 @@ def test_env_from_facts():
     facts = device_facts()
     assert env_from_facts(facts) == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
     facts = copy.deepcopy(facts)
-    facts["rdma"] = F.parse_rdma(
+    facts["rdma"] = host_facts.parse_rdma(
         "dev=mlx5_0 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=InfiniBand netdev=ib0\n"
         "dev=mlx5_1 port=1 state=1: DOWN phys=3: Disabled link_layer=InfiniBand netdev=ib1\n"
         "dev=mlx5_2 port=1 state=4: ACTIVE phys=5: LinkUp link_layer=Ethernet netdev=ens3\n")
     env = env_from_facts(facts)
     assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_2"
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_2:1"
-    assert env_from_facts(F.assemble({})) == {}
+    assert env_from_facts(host_facts.assemble({})) == {}
 
 
 @pytest.mark.parametrize("name,world", [("h200x1", 1), ("h200x2-device", 2)])
@@ -177,9 +177,9 @@ def test_preflight_checks_the_driver_the_plan_pins():
     check = by_name(check_host(pinned, facts))["driver"]
     assert not check.ok and "need branch >= 590" in check.detail and "install driver branch 590+" in check.fix
     amd = host(m3_platform="mi300x", m3_rocm_version="7.3")
-    facts = F.assemble({"AmdGpus": F.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text()),
+    facts = host_facts.assemble({"AmdGpus": host_facts.parse_amd_smi_static((FIX / "mi300x" / "amd-smi-static.json").read_text()),
                         "RocmVersion": "7.2.0",
-                        "AmdDevices": F.parse_amd_devices("kfd=yes\ndri=card0 renderD128\ngroups=root video render\n")})
+                        "AmdDevices": host_facts.parse_amd_devices("kfd=yes\ndri=card0 renderD128\ngroups=root video render\n")})
     check = by_name(check_host(amd, facts))["driver"]
     assert amd.driver.rocm == "7.3" and not check.ok and "need ROCm >= 7.3" in check.detail
 

@@ -5,56 +5,55 @@ import json
 import pytest
 
 from m3deploy.core.errors import M3Error
-from m3deploy.testbed import config as C
-from m3deploy.testbed import core
+from m3deploy.testbed import config, core
 
 
 def test_addresses():
-    assert C.bridge_address("10.77.0.0/24") == "10.77.0.1"
-    assert C.host_address("10.77.0.0/24", 1) == "10.77.0.10"
-    assert C.host_address("10.78.0.0/24", 16) == "10.78.0.25"
-    assert C.host_address("10.77.0.0/24", 245) == "10.77.0.254"
+    assert config.bridge_address("10.77.0.0/24") == "10.77.0.1"
+    assert config.host_address("10.77.0.0/24", 1) == "10.77.0.10"
+    assert config.host_address("10.78.0.0/24", 16) == "10.78.0.25"
+    assert config.host_address("10.77.0.0/24", 245) == "10.77.0.254"
     with pytest.raises(M3Error, match="room for 245 hosts"):
-        C.host_address("10.77.0.0/24", 246)
+        config.host_address("10.77.0.0/24", 246)
     with pytest.raises(M3Error, match="must be a /24"):
-        C.parse_subnet("10.77.0.0/16")
+        config.parse_subnet("10.77.0.0/16")
     with pytest.raises(M3Error, match="not an IPv4 network"):
-        C.parse_subnet("10.77.0.5/24")
+        config.parse_subnet("10.77.0.5/24")
     with pytest.raises(M3Error, match="not a private range"):
-        C.parse_subnet("8.8.8.0/24")
+        config.parse_subnet("8.8.8.0/24")
 
 
 def test_names_fit_interface_limit_and_prefix_is_exact():
-    assert C.check_name("m3tb") == "m3tb"
+    assert config.check_name("m3tb") == "m3tb"
     for bad in ("", "M3", "3tb", "toolongname", "a-b", "m3_tb"):
         with pytest.raises(M3Error, match="not valid"):
-            C.check_name(bad)
+            config.check_name(bad)
     longest = "abcdefgh"
-    assert len(C.veth_name(longest, 200)) <= 15 and len(C.bridge_name(longest)) <= 15
-    assert C.host_name("m3tb", 3) == "m3tb-03" and C.host_index("m3tb", "m3tb-03") == 3
-    assert C.owned_by("m3tb", "m3tb-01") and C.owned_by("m3tb", "m3tb-br")
-    assert not C.owned_by("m3tb", "m3tb2-01") and not C.owned_by("m3tb", "m3tb")
+    assert len(config.veth_name(longest, 200)) <= 15 and len(config.bridge_name(longest)) <= 15
+    assert config.host_name("m3tb", 3) == "m3tb-03" and config.host_index("m3tb", "m3tb-03") == 3
+    assert config.owned_by("m3tb", "m3tb-01") and config.owned_by("m3tb", "m3tb-br")
+    assert not config.owned_by("m3tb", "m3tb2-01") and not config.owned_by("m3tb", "m3tb")
 
 
 def test_ssh_config_and_known_hosts():
     hosts = [{"name": "m3tb-01", "address": "10.77.0.10", "host_key": "ssh-ed25519 AAAAkey1"},
              {"name": "m3tb-02", "address": "10.77.0.11", "host_key": "ssh-ed25519 AAAAkey2"}]
-    cfg = C.render_ssh_config("m3tb", hosts, "/s/id_ed25519", "/s/known_hosts", "/s/cm")
+    cfg = config.render_ssh_config("m3tb", hosts, "/s/id_ed25519", "/s/known_hosts", "/s/cm")
     block = cfg.split("Host m3tb-02")[1]
     for line in ("HostName 10.77.0.11", "User root", "IdentityFile /s/id_ed25519",
                  "UserKnownHostsFile /s/known_hosts", "StrictHostKeyChecking yes",
                  "ControlMaster auto", "ControlPath /s/cm/%C", "ControlPersist"):
         assert line in block
     assert cfg.count("\nHost ") + cfg.startswith("Host ") == 2
-    kh = C.render_known_hosts(hosts)
+    kh = config.render_known_hosts(hosts)
     assert kh == "m3tb-01,10.77.0.10 ssh-ed25519 AAAAkey1\nm3tb-02,10.77.0.11 ssh-ed25519 AAAAkey2\n"
-    assert C.render_known_hosts([{"name": "x", "address": "1.2.3.4"}]) == ""
+    assert config.render_known_hosts([{"name": "x", "address": "1.2.3.4"}]) == ""
 
 
 def test_apt_proxy_and_acng_conf():
-    conf = C.render_apt_proxy_conf("10.77.0.1")
-    assert f'Acquire::http::Proxy "http://10.77.0.1:{C.APT_PROXY_PORT}";' in conf
-    acng = C.render_acng_conf(conf_dir="/c", cache_dir="/k", log_dir="/l", bind="10.77.0.1",
+    conf = config.render_apt_proxy_conf("10.77.0.1")
+    assert f'Acquire::http::Proxy "http://10.77.0.1:{config.APT_PROXY_PORT}";' in conf
+    acng = config.render_acng_conf(conf_dir="/c", cache_dir="/k", log_dir="/l", bind="10.77.0.1",
                               port=3149, pid_file="/r/pid", socket_path="/r/s",
                               security_backend="http://deb.debian.org/debian-security")
     assert "BindAddress: 10.77.0.1" in acng and "Port: 3149" in acng
@@ -71,31 +70,31 @@ def test_parse_apt_sources_deb822_and_oneline():
             "Types: deb\nURIs: http://off.example/x\nSuites: bookworm\nEnabled: no\n"),
         "/etc/apt/sources.list.d/other.list": "deb [arch=amd64] https://x.example/apt stable main\n",
     }
-    src = C.parse_apt_sources(files)
+    src = config.parse_apt_sources(files)
     assert ("http://mirror.example/debian", ["bookworm", "bookworm-updates"]) in src
     assert ("https://x.example/apt", ["stable"]) in src
     assert all(uri != "http://off.example/x" for uri, _ in src)
-    assert C.pick_mirrors(src) == ("http://mirror.example/debian/", "http://mirror.example/debian-security/")
-    assert C.pick_mirrors([]) == ("http://deb.debian.org/debian/", "http://deb.debian.org/debian-security/")
-    one = C.parse_apt_sources({"/etc/apt/sources.list": "# c\ndeb http://m.example/debian bookworm main\n"})
-    assert C.pick_mirrors(one)[0] == "http://m.example/debian/"
+    assert config.pick_mirrors(src) == ("http://mirror.example/debian/", "http://mirror.example/debian-security/")
+    assert config.pick_mirrors([]) == ("http://deb.debian.org/debian/", "http://deb.debian.org/debian-security/")
+    one = config.parse_apt_sources({"/etc/apt/sources.list": "# c\ndeb http://m.example/debian bookworm main\n"})
+    assert config.pick_mirrors(one)[0] == "http://m.example/debian/"
 
 
 def test_overlapping_interfaces():
     addrs = json.loads('[{"ifname":"eth0","addr_info":[{"family":"inet","local":"10.77.0.5","prefixlen":16}]},'
                        '{"ifname":"m3tb-br","addr_info":[{"family":"inet","local":"10.77.0.1","prefixlen":24}]},'
                        '{"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]}]')
-    assert C.overlapping_interfaces("10.77.0.0/24", addrs, own_bridge="m3tb-br") == ["eth0 (10.77.0.5/16)"]
-    assert C.overlapping_interfaces("10.78.0.0/24", addrs, own_bridge="m3tb-br") == []
-    err = C.err_subnet_taken("10.77.0.0/24", ["eth0 (10.77.0.5/16)"], "m3tb")
+    assert config.overlapping_interfaces("10.77.0.0/24", addrs, own_bridge="m3tb-br") == ["eth0 (10.77.0.5/16)"]
+    assert config.overlapping_interfaces("10.78.0.0/24", addrs, own_bridge="m3tb-br") == []
+    err = config.err_subnet_taken("10.77.0.0/24", ["eth0 (10.77.0.5/16)"], "m3tb")
     assert "eth0" in str(err) and "--subnet" in str(err)
 
 
 def test_error_messages_name_the_fix(tmp_path):
-    assert "sudo" in str(C.err_not_root())
-    msg = str(C.err_missing_tools({"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}))
+    assert "sudo" in str(config.err_not_root())
+    msg = str(config.err_missing_tools({"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}))
     assert "--install-deps" in msg and "apt-get install -y debootstrap systemd-container" in msg
-    assert "wait" in str(C.err_locked("pid 1: up 3"))
+    assert "wait" in str(config.err_locked("pid 1: up 3"))
     with pytest.raises(M3Error, match=r"run `m3deploy testbed up 3`"):
         core.load_state("m3tb", root=str(tmp_path))
     with pytest.raises(M3Error, match=r"up 3 --name other"):
@@ -103,14 +102,14 @@ def test_error_messages_name_the_fix(tmp_path):
 
 
 def test_image_key_depends_on_include_list_only():
-    a = C.image_key(("python3", "iproute2"))
-    assert a == C.image_key(("iproute2", "python3"))
-    assert a != C.image_key(("python3", "iproute2", "tree"))
+    a = config.image_key(("python3", "iproute2"))
+    assert a == config.image_key(("iproute2", "python3"))
+    assert a != config.image_key(("python3", "iproute2", "tree"))
 
 
 def test_inotify_needed():
-    assert C.inotify_needed(3) == 128
-    assert C.inotify_needed(32) > 128 + 8 * 32 - 64
+    assert config.inotify_needed(3) == 128
+    assert config.inotify_needed(32) > 128 + 8 * 32 - 64
 
 
 def test_cli_group_exposes_commands():

@@ -44,13 +44,13 @@ def test_render_shows_the_engine_yaml_and_the_worker_names_it(tmp_path):
 
 def test_the_worker_restarts_when_its_engine_yaml_changes(tmp_path):
     """roles/workers.py ships it among the ops whose change restarts the unit, and the check that a running unit
-    started after its files were written (roles/_units.service_files) covers it."""
-    from roles import _units
+    started after its files were written (roles/lifecycle.service_files) covers it."""
+    from roles import lifecycle
 
     plan = planmod.build(str(_inventory(tmp_path)))
     svc = plan.host("b200-01").service("m3-worker@0")
     assert [f.path for f in hostfiles.config_files(svc)] == [PATH]
-    assert PATH in _units.service_files(svc)
+    assert PATH in lifecycle.service_files(svc)
     # standalone trtllm-serve takes its flags on the command line: no engine YAML
     from m3deploy.core import inventory
 

@@ -58,7 +58,7 @@ def _keys(url: str, token: str) -> list[str]:
 
 
 def _env_file(tmp_path, url: str, host: str = "127.0.0.1", dialect: str = "systemd") -> str:
-    """The worker's env file as the deploy writes it (m3deploy.core.build._dynamo_env; the endpoint list is
+    """The worker's env file as the deploy writes it (m3deploy.core.control.dynamo_env; the endpoint list is
     comma-separated with 3 control hosts: a dead first endpoint must not stop it)."""
     dead = f"http://127.0.0.1:{_free_port()}"
     p = tmp_path / "m3-worker@0.env"

@@ -90,6 +90,9 @@ def test_router_id_can_be_set_and_the_manifest_removes_keepalived():
     m = hostfiles.manifest(p, p.host("ctl0"))
     assert "keepalived" in m["packages"] and "m3-vip.service" in m["units"]
     assert vip.VIP_CONF in m["files"] and vip.VIP_CHECK in m["files"]
+    # teardown accepts the whole manifest, keepalived.service's mask included (refused before the registry named it)
+    assert "/etc/systemd/system/keepalived.service" in m["links"]
+    assert hostfiles.checked_manifest(m, "ctl0")["links"] == m["links"]
 
 
 @pytest.mark.parametrize("data,n,must", [

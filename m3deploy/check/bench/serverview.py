@@ -14,13 +14,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from m3deploy.core import monitor as M
+from m3deploy.core import monitor
 from m3deploy.core.model import ClusterPlan
 
 # name -> (PromQL, the label that names a series, unit)
 QUERIES = {
-    "frontend queued requests": (f"sum({M.FE_QUEUED})", "", "requests"),
-    "frontend in flight": (f"sum({M.FE_INFLIGHT})", "", "requests"),
+    "frontend queued requests": (f"sum({monitor.FE_QUEUED})", "", "requests"),
+    "frontend in flight": (f"sum({monitor.FE_INFLIGHT})", "", "requests"),
     "request plane queue p99": (("histogram_quantile(0.99, sum by (le) (rate(dynamo_request_plane_queue_seconds_bucket"
                                  "[1m])))"), "", "s"),
     "worker time to first response p99": ("m3:worker_ttft_seconds:p99", "worker", "s"),
@@ -52,14 +52,14 @@ def summarize(result: list[dict], label: str) -> tuple[dict[str, list], dict[str
 
 
 def collect(plan: ClusterPlan, start: float, end: float) -> dict[str, Any]:
-    base = M.prometheus_url(plan)
+    base = monitor.prometheus_url(plan)
     if not base or end <= start:
         return {}
-    step = max(1.0, float(M.setting(plan, "m3_monitor_scrape_interval_s")))
+    step = max(1.0, float(monitor.setting(plan, "m3_monitor_scrape_interval_s")))
     out: dict[str, Any] = {"window": {"start": start, "end": end, "step_s": step, "prometheus": base},
                            "series": {}, "summary": {}, "units": {}}
     for name, (query, label, unit) in QUERIES.items():
-        if "kv_usage" in query and not M.kv_usage_metric(plan):
+        if "kv_usage" in query and not monitor.kv_usage_metric(plan):
             continue
         try:
             series, summary = summarize(_range(base, query, start, end + step, step), label)

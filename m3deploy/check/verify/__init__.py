@@ -46,7 +46,7 @@ from m3deploy.check.checks import (
     instance_services,
     ssh_command,
 )
-from m3deploy.core import internal_tls
+from m3deploy.core import components, internal_tls
 from m3deploy.core.errors import M3Error
 from m3deploy.core.model import ClusterPlan, HostPlan, Readiness, Service
 
@@ -95,7 +95,7 @@ def _port_check(h: HostPlan, s: Service, port) -> Callable[[Context], str]:
 
 def _env_file_check(h: HostPlan, path: str, owner: str = "root") -> Callable[[Context], str]:
     """`path` (an env file, or a secret file: an MPI world's SSH keys) is a regular file, 0600 root:root (a TLS file
-    of m3_internal_tls: 0600 of the user its service runs as, m3deploy.core.internal_tls.owner)."""
+    of m3_internal_tls: 0600 of the user its service runs as, m3deploy.core.components.user)."""
     def fn(ctx: Context) -> str:
         r = ctx.run(h.name, f"stat -c '%a %U %G %F' {shlex.quote(path)}")
         if r.rc != 0:
@@ -285,7 +285,7 @@ def host_checks(plan: ClusterPlan, only_host: str | None = None, ctx_inventory: 
         for s in h.services:
             refs = dict(s.secret_files)
             for path in ([s.env_file] if s.env_file else []) + [f for f, _ in s.secret_files]:
-                owner = internal_tls.owner(s) if internal_tls.is_tls_ref(refs.get(path, "")) else "root"
+                owner = components.user(s.kind, s.image) if internal_tls.is_tls_ref(refs.get(path, "")) else "root"
                 out.append(Check(
                     id=f"file/{h.name}/{s.name}" + ("" if path == s.env_file else f"/{posixpath.basename(path)}"),
                     group="file", target=h.name, ssh=True,

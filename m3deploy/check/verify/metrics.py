@@ -13,16 +13,16 @@ import time
 from m3deploy.check import readiness
 from m3deploy.check.checks import Check, CheckFailed, Context, instance_services, worker_pools
 from m3deploy.check.status import Prometheus
-from m3deploy.core import monitor as M
+from m3deploy.core import monitor
 from m3deploy.core.model import ClusterPlan
 
 
 def _prom(ctx: Context) -> Prometheus:
-    return Prometheus(M.prometheus_url(ctx.plan))
+    return Prometheus(monitor.prometheus_url(ctx.plan))
 
 
 def _targets(ctx: Context) -> str:
-    want = {(t.job, t.host, t.service) for t in M.targets(ctx.plan)}
+    want = {(t.job, t.host, t.service) for t in monitor.targets(ctx.plan)}
     active = _prom(ctx).api("/api/v1/targets?state=active")["activeTargets"]
     got = {(t["labels"].get("job"), t["labels"].get("host"), t["labels"].get("service")): t for t in active}
     missing = sorted(want - set(got))
@@ -37,7 +37,7 @@ def _targets(ctx: Context) -> str:
 
 
 def _rules(ctx: Context) -> str:
-    doc = M.rules(ctx.plan)
+    doc = monitor.rules(ctx.plan)
     want = {r.get("record") or r.get("alert") for g in doc["groups"] for r in g["rules"]}
     loaded = {}
     for g in _prom(ctx).api("/api/v1/rules")["groups"]:
@@ -54,7 +54,7 @@ def _rules(ctx: Context) -> str:
 
 def _counters(ctx: Context) -> str:
     prom, plan = _prom(ctx), ctx.plan
-    expr = f'sum by (host, service, worker_id) ({M.WK_REQUESTS}{{job="worker",dynamo_endpoint="generate"}})'
+    expr = f'sum by (host, service, worker_id) ({monitor.WK_REQUESTS}{{job="worker",dynamo_endpoint="generate"}})'
     before = prom.by(expr, "host", "service", "worker_id")
     ids = {(h, s): wid for (h, s, wid) in before if wid}
     planned = [(h.name, s.name) for h, s in instance_services(plan)]
@@ -64,7 +64,7 @@ def _counters(ctx: Context) -> str:
     readiness.answered_by_each(plan.endpoint, plan.served_model_name,
                                {f"{h}/{s}": int(ids[(h, s)], 16) for h, s in planned}, api_key=ctx.api_key,
                                pools=worker_pools(plan))  # one request pinned to each (m3_disagg: both pools)
-    wait = 3 * int(M.setting(plan, "m3_monitor_scrape_interval_s")) + 2
+    wait = 3 * int(monitor.setting(plan, "m3_monitor_scrape_interval_s")) + 2
     deadline, short = time.monotonic() + wait, planned
     while True:
         after = prom.by(expr, "host", "service", "worker_id")
@@ -79,7 +79,7 @@ def _counters(ctx: Context) -> str:
 
 
 def metrics_checks(plan: ClusterPlan) -> list[Check]:
-    url = M.prometheus_url(plan)
+    url = monitor.prometheus_url(plan)
     if not url:
         return []
     out = [Check("metrics/targets", "metrics", "controller", "Prometheus scrapes every planned target, all up",
@@ -89,5 +89,5 @@ def metrics_checks(plan: ClusterPlan) -> list[Check]:
     if plan.serving == "dynamo" and plan.workers and plan.endpoint:
         out.append(Check("metrics/counters", "metrics", "controller",
                          "a request pinned to each worker raises its counter in Prometheus", _counters,
-                         f"curl -sS '{url}/api/v1/query?query={M.WK_REQUESTS}'"))
+                         f"curl -sS '{url}/api/v1/query?query={monitor.WK_REQUESTS}'"))
     return out

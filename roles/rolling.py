@@ -23,7 +23,7 @@ import time
 
 import gevent
 from pyinfra import host, state
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from m3deploy.check import readiness as _readiness
@@ -31,7 +31,8 @@ from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, metrics_url
 from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
-from roles import _units as u
+from roles import lifecycle
+from roles.hostops import run_on
 
 REQUEST = {"messages": [{"role": "user", "content": "rollout check"}], "max_tokens": 4}
 
@@ -51,17 +52,9 @@ def _changed() -> set[str]:
     return {k for k, fn in _registry().items() if fn()}
 
 
-
-
-def _run(host_name: str, cmd: str) -> tuple[bool, str]:
-    h = state.inventory.get_host(host_name)
-    ok, out = h.run_shell_command(StringCommand(cmd))
-    return ok, "\n".join(out.output_lines) if hasattr(out, "output_lines") else str(out)
-
-
 def _systemctl(verb: str, keys: list[str]) -> None:
     """`systemctl VERB unit` on each rank's host, all at once (gevent: pyinfra's connections are greenlets)."""
-    jobs = [(k, gevent.spawn(_run, k.split("/", 1)[0], f"systemctl {verb} {shlex.quote(k.split('/', 1)[1])}"))
+    jobs = [(k, gevent.spawn(run_on, k.split("/", 1)[0], f"systemctl {verb} {shlex.quote(k.split('/', 1)[1])}"))
             for k in keys]
     gevent.joinall([j for _, j in jobs])
     bad = [(k, j.value[1]) for k, j in jobs if not j.value[0]]
@@ -77,7 +70,7 @@ def _service(cp, key: str):
 
 def _tail(key: str) -> str:
     hname, unit = key.split("/", 1)
-    return _run(hname, f"journalctl --no-pager -o short-iso -n 30 -u {shlex.quote(unit)} 2>&1 || true")[1]
+    return run_on(hname, f"journalctl --no-pager -o short-iso -n 30 -u {shlex.quote(unit)} 2>&1 || true")[1]
 
 
 def _send(cp):
@@ -123,7 +116,7 @@ def _bring_up(cp, instances, old_ids: dict) -> None:
 
 def _is_active(key: str) -> bool:
     hname, unit = key.split("/", 1)
-    return _run(hname, f"systemctl is-active {shlex.quote(unit)}")[1].strip() == "active"
+    return run_on(hname, f"systemctl is-active {shlex.quote(unit)}")[1].strip() == "active"
 
 
 def _ids(cp, key: str) -> set[str]:
@@ -162,7 +155,7 @@ def _roll(cp) -> None:
                 "files than it has counts as changed).\n"
                 "  fix or roll back: correct the inventory/group_data (or check out the previous version of it) and "
                 "run the deploy again: it re-renders the units and rolls the changed workers the same way; the "
-                f"files they replaced are in {u.ROLLBACK_DIR} (docs/OPERATIONS.md)") from None
+                f"files they replaced are in {lifecycle.ROLLBACK_DIR} (docs/OPERATIONS.md)") from None
         done += [w.index for w in batch]
         host.log(f"rolled {names}: drained in {drained:.1f} s, serving again")
 
@@ -172,8 +165,8 @@ def roll_workers() -> None:
     """On the endpoint-owning host only: one python.call that rolls the changed workers (see module doc)."""
     from roles.serving import endpoint_owner
 
-    cp, hp = u.plans()
+    cp, hp = lifecycle.plans()
     if cp.rollout.mode != "rolling" or hp.name != endpoint_owner(cp):
         return
-    u.track(python.call(name="Roll the changed workers, one engine instance at a time", function=_roll, cp=cp,
+    lifecycle.track(python.call(name="Roll the changed workers, one engine instance at a time", function=_roll, cp=cp,
                         _if=lambda: bool(_changed())))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.operations import apt
 
-from m3deploy import facts as F
+from m3deploy import facts
 from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 
@@ -14,7 +14,7 @@ CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
 
 
 def require_ubuntu(what: str) -> dict:
-    os_ = host.get_fact(F.OsInfo)
+    os_ = host.get_fact(facts.OsInfo)
     supported = catalog.supported_os()
     if (os_["id"], os_["version_id"]) not in supported:
         raise M3Error(f"host {host.name}: cannot {what} on {os_['pretty'] or os_['id'] or 'this OS'}: the roles "
@@ -42,7 +42,7 @@ def cuda_repo_url(hp, os_: dict) -> str:
 
 def ensure_cuda_repo(hp, os_: dict) -> bool:
     """Add NVIDIA's apt repository (cuda-keyring) unless installed. True when apt needs an update."""
-    if "cuda-keyring" in host.get_fact(F.NvidiaPackages):
+    if "cuda-keyring" in host.get_fact(facts.NvidiaPackages):
         return False
     apt.deb(name="Install NVIDIA's CUDA apt repository (cuda-keyring)", src=cuda_repo_url(hp, os_) + CUDA_KEYRING)
     return True
