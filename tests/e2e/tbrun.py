@@ -132,3 +132,51 @@ class Testbed:
     def plan(self, data=()):
         """plan() under this testbed's environment."""
         return plan(self.env, data)
+
+
+# ------------------------------------------------------------------------------------------- results files
+
+def failures(stats, times: str = "×") -> str:
+    """A drill's failures as the results tables write them ("3× HTTP 503, 1× timeout"), or "-"."""
+    return ", ".join(f"{n}{times} {e}" for e, n in stats.errors.most_common()) or "-"
+
+
+def write_results(name: str, started, title: str, intro: str, columns: list[str], rows: list[list]) -> None:
+    """benchmarks/results/<name>-<UTC start>.md: one file per run, with the commit it ran, `rows` under `columns`
+    (nothing when no drill ran)."""
+    if not rows:
+        return
+    path = os.path.join(REPO, "benchmarks", "results", f"{name}-{started:%Y-%m-%d-%H%M}.md")
+    lines = [f"# {title} ({started:%Y-%m-%d %H:%M} UTC, commit {commit()})", "", intro, "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def record(results: list, name: str, stats, seconds: float, note: str = "", key: str = "took", **extra) -> None:
+    """One drill's row (`key`: what `seconds` measured, "took" or "recovery"; the machine is shared, 2 cores: its
+    1-minute load average goes into the notes), and its failures printed with their UTC times (to read the hosts'
+    journals at that moment)."""
+    results.append({"drill": name, "stats": stats, key: seconds, **extra,
+                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
+    print(f"{name}: {stats.summary()} ({key} {seconds:.1f} s)" + (f" {extra}" if extra else ""))
+    for when, why, msg in stats.details[:10]:
+        print(f"  failed at {when} UTC: {why}: {msg}")
+    if len(stats.details) > 10:
+        print(f"  ... {len(stats.details) - 10} more failures, the last at {stats.details[-1][0]} UTC")
+
+
+def https_status(url: str, ca: str | None, key: str | None = None) -> int:
+    """The HTTP status of a GET over TLS with the CA (and a Bearer key), an error status included."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code

@@ -93,29 +93,20 @@ STARTED = datetime.datetime.now(datetime.timezone.utc)
 
 def _write_results() -> None:
     """One file per run (benchmarks/results/drills-<UTC start>.md), with the commit it ran: rows of one run only."""
-    if not RESULTS:
-        return
-    stamp = STARTED.strftime("%Y-%m-%d-%H%M")
-    commit = tbrun.commit()
-    path = os.path.join(REPO, "benchmarks", "results", f"drills-{stamp}.md")
-    lines = [f"# Drills under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
-             "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed "
-             "(one 2-core machine; `load` in the notes: its 1-minute load average): "
-             "1 control host (etcd, NATS, frontend with --migration-limit 3) and 3 mocker workers, and for the "
-             "`3 control hosts` drills 3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 "
-             "mocker workers; load: "
-             "tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no "
-             "retries. Recovery: from the fault (or the end of the outage) until every planned worker is "
-             "listed under its running process's id and has served (m3deploy.check.rollout). A drill that "
-             "failed, or was not selected (-k), has no row.", "",
-             "| drill | sent | ok | failed | recovery s | failures | notes |", "|---|---|---|---|---|---|---|"]
-    for r in RESULTS:
-        s: Stats = r["stats"]
-        errs = ", ".join(f"{n}× {e}" for e, n in s.errors.most_common()) or "-"
-        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
-                     f"{r.get('note', '')} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    tbrun.write_results(
+        "drills", STARTED, "Drills under load",
+        "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills.py` on the local testbed "
+        "(one 2-core machine; `load` in the notes: its 1-minute load average): "
+        "1 control host (etcd, NATS, frontend with --migration-limit 3) and 3 mocker workers, and for the "
+        "`3 control hosts` drills 3 control hosts (3-member etcd, 3-node NATS, a frontend on each) and 3 "
+        "mocker workers; load: "
+        "tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no "
+        "retries. Recovery: from the fault (or the end of the outage) until every planned worker is "
+        "listed under its running process's id and has served (m3deploy.check.rollout). A drill that "
+        "failed, or was not selected (-k), has no row.",
+        ["drill", "sent", "ok", "failed", "recovery s", "failures", "notes"],
+        [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, f"{r['recovery']:.1f}",
+          tbrun.failures(r["stats"]), r.get("note", "")] for r in RESULTS])
 
 
 def _ids(c: Cluster, key: str, timeout_s: float = 30) -> set[str]:
@@ -156,14 +147,7 @@ def drill(c: Cluster, name: str, fault, recover, note: str = "", settle_s: float
     assert stats.ok > 0, f"the load client got no answer at all: {stats.summary()}"
     if all_back:
         all_registered(c, 60)
-    # the machine is shared (2 cores): the 1-minute load average goes with each figure
-    RESULTS.append({"drill": name, "stats": stats, "recovery": recovery,
-                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
-    print(f"{name}: {stats.summary()}; recovery {recovery:.1f} s")
-    for when, why, msg in stats.details[:10]:  # UTC, to read the hosts' journals at that moment
-        print(f"  failed at {when} UTC: {why}: {msg}")
-    if len(stats.details) > 10:
-        print(f"  ... {len(stats.details) - 10} more failures, the last at {stats.details[-1][0]} UTC")
+    tbrun.record(RESULTS, name, stats, recovery, note, key="recovery")
     return stats, recovery
 
 

@@ -69,25 +69,17 @@ def cluster(testbed_up):
 
 
 def _write_results() -> None:
-    if not RESULTS:
-        return
-    commit = tbrun.commit()
-    path = os.path.join(REPO, "benchmarks", "results", f"drills-disagg-{STARTED:%Y-%m-%d-%H%M}.md")
-    lines = [f"# Disaggregated drills under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
-             "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_disagg.py` on the local testbed "
-             "(one 2-core machine shared with other work; `load`: its 1-minute load average): 1 control host (etcd, "
-             "NATS, the Dynamo frontend: KV router, --migration-limit 3) and Dynamo's mocker as 2 prefill + 2 decode "
-             "workers, one per host (`m3_disagg`). Load: tests/e2e/load.py, 4 concurrent clients, streaming and "
-             "non-streaming chat, max_tokens 24, no retries. Recovery: from the fault until the worker's new "
-             "process is listed and has served.", "",
-             "| drill | sent | ok | failed | recovery s | failures | notes |", "|---|---|---|---|---|---|---|"]
-    for r in RESULTS:
-        s: Stats = r["stats"]
-        errs = ", ".join(f"{n}× {e}" for e, n in s.errors.most_common()) or "-"
-        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['recovery']:.1f} | {errs} | "
-                     f"{r['note']} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    tbrun.write_results(
+        "drills-disagg", STARTED, "Disaggregated drills under load",
+        "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_disagg.py` on the local testbed "
+        "(one 2-core machine shared with other work; `load`: its 1-minute load average): 1 control host (etcd, "
+        "NATS, the Dynamo frontend: KV router, --migration-limit 3) and Dynamo's mocker as 2 prefill + 2 decode "
+        "workers, one per host (`m3_disagg`). Load: tests/e2e/load.py, 4 concurrent clients, streaming and "
+        "non-streaming chat, max_tokens 24, no retries. Recovery: from the fault until the worker's new "
+        "process is listed and has served.",
+        ["drill", "sent", "ok", "failed", "recovery s", "failures", "notes"],
+        [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, f"{r['recovery']:.1f}",
+          tbrun.failures(r["stats"]), r["note"]] for r in RESULTS])
 
 
 def drill(c: dict, name: str, fault, recover, note: str = "", settle_s: float = 3.0) -> tuple[Stats, float]:
@@ -100,11 +92,7 @@ def drill(c: dict, name: str, fault, recover, note: str = "", settle_s: float = 
         stats = load.stop()
     assert stats.ok > 0, f"the load client got no answer at all: {stats.summary()}"
     rollout.wait_workers(c["health"], c["heads"], timeout_s=60, interval_s=0.2)
-    RESULTS.append({"drill": name, "stats": stats, "recovery": recovery,
-                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
-    print(f"{name}: {stats.summary()}; recovery {recovery:.1f} s")
-    for when, why, msg in stats.details[:10]:
-        print(f"  failed at {when} UTC: {why}: {msg}")
+    tbrun.record(RESULTS, name, stats, recovery, note, key="recovery")
     return stats, recovery
 
 

@@ -27,12 +27,9 @@ import datetime
 import ipaddress
 import json
 import os
-import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import tbrun
@@ -130,44 +127,25 @@ def cluster(testbed_up):
 
 
 def _write_results() -> None:
-    if not RESULTS:
-        return
-    commit = tbrun.commit()
-    path = os.path.join(REPO, "benchmarks", "results", f"edge-vip-{STARTED:%Y-%m-%d-%H%M}.md")
-    lines = [f"# The cluster's address (m3_vip) under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
-             ("`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_edge.py` on the local testbed "
-              "(one 2-core machine shared with other work; `load`: its 1-minute load average): 3 control hosts "
-              "(etcd, NATS, 2 frontends, HAProxy with TLS from the cluster CA and an API key, keepalived) and 2 "
-              f"mocker workers; the address {VIP}. Load: tests/e2e/load.py through the address (HTTPS with the CA, "
-              f"the key), 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no retries, "
-              f"{TIMEOUT_S} s per-request timeout."), "",
-             "| drill | sent | ok | failed | in flight at the cut | took s | failures | notes |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in RESULTS:
-        s: Stats = r["stats"]
-        errs = ", ".join(f"{n}x {e}" for e, n in s.errors.most_common()) or "-"
-        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r.get('in_flight', '-')} | "
-                     f"{r['took']:.1f} | {errs} | {r['note']} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    tbrun.write_results(
+        "edge-vip", STARTED, "The cluster's address (m3_vip) under load",
+        "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_drills_edge.py` on the local testbed "
+        "(one 2-core machine shared with other work; `load`: its 1-minute load average): 3 control hosts "
+        "(etcd, NATS, 2 frontends, HAProxy with TLS from the cluster CA and an API key, keepalived) and 2 "
+        f"mocker workers; the address {VIP}. Load: tests/e2e/load.py through the address (HTTPS with the CA, "
+        f"the key), 4 concurrent clients, streaming and non-streaming chat, max_tokens 24, no retries, "
+        f"{TIMEOUT_S} s per-request timeout.",
+        ["drill", "sent", "ok", "failed", "in flight at the cut", "took s", "failures", "notes"],
+        [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, r.get("in_flight", "-"), f"{r['took']:.1f}",
+          tbrun.failures(r["stats"], "x"), r["note"]] for r in RESULTS])
 
 
 def _record(name: str, stats: Stats, took: float, note: str = "", **extra) -> None:
-    RESULTS.append({"drill": name, "stats": stats, "took": took, **extra,
-                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
-    print(f"{name}: {stats.summary()} ({took:.1f} s) {extra}")
-    for when, why, msg in stats.details[:10]:
-        print(f"  failed at {when} UTC: {why}: {msg}")
+    tbrun.record(RESULTS, name, stats, took, note, **extra)
 
 
 def _get(url: str, ca: str | None, key: str | None = None) -> int:
-    ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+    return tbrun.https_status(url, ca, key)
 
 
 def load(p, ca: str) -> Load:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import ssl
 import subprocess
 import tempfile
 import time
@@ -86,41 +85,24 @@ def cluster(testbed_up):
 
 
 def _write_results() -> None:
-    if not RESULTS:
-        return
-    commit = tbrun.commit()
-    path = os.path.join(REPO, "benchmarks", "results", f"edge-{STARTED:%Y-%m-%d-%H%M}.md")
-    lines = [f"# The edge under load ({STARTED:%Y-%m-%d %H:%M} UTC, commit {commit})", "",
-             ("`python3 -m pytest -p no:cacheprovider -m e2e tests/e2e/test_edge.py` on the local testbed (one 2-core "
-             "machine shared with other work; `load`: its 1-minute load average): 1 control host (etcd, NATS, 2 "
-             "frontends, HAProxy with TLS from the cluster CA and the API keys) and 2 mocker workers. Load: "
-             "tests/e2e/load.py through the edge (HTTPS with the CA, a valid key), 4 concurrent clients, streaming "
-             "and non-streaming chat, max_tokens 24, no retries."), "",
-             "| drill | sent | ok | failed | took s | failures | notes |", "|---|---|---|---|---|---|---|"]
-    for r in RESULTS:
-        s: Stats = r["stats"]
-        errs = ", ".join(f"{n}x {e}" for e, n in s.errors.most_common()) or "-"
-        lines.append(f"| {r['drill']} | {s.sent} | {s.ok} | {s.failed} | {r['took']:.1f} | {errs} | {r['note']} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    tbrun.write_results(
+        "edge", STARTED, "The edge under load",
+        "`python3 -m pytest -p no:cacheprovider -m e2e tests/e2e/test_edge.py` on the local testbed (one 2-core "
+        "machine shared with other work; `load`: its 1-minute load average): 1 control host (etcd, NATS, 2 "
+        "frontends, HAProxy with TLS from the cluster CA and the API keys) and 2 mocker workers. Load: "
+        "tests/e2e/load.py through the edge (HTTPS with the CA, a valid key), 4 concurrent clients, streaming "
+        "and non-streaming chat, max_tokens 24, no retries.",
+        ["drill", "sent", "ok", "failed", "took s", "failures", "notes"],
+        [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, f"{r['took']:.1f}",
+          tbrun.failures(r["stats"], "x"), r["note"]] for r in RESULTS])
 
 
 def _record(name: str, stats: Stats, took: float, note: str = "") -> None:
-    RESULTS.append({"drill": name, "stats": stats, "took": took,
-                    "note": f"{note}{'; ' if note else ''}load {os.getloadavg()[0]:.1f}"})
-    print(f"{name}: {stats.summary()} ({took:.1f} s)")
-    for when, why, msg in stats.details[:10]:
-        print(f"  failed at {when} UTC: {why}: {msg}")
+    tbrun.record(RESULTS, name, stats, took, note)
 
 
 def _get(url: str, ca: str | None, key: str | None = None) -> int:
-    ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+    return tbrun.https_status(url, ca, key)
 
 
 def under_load(p, ca: str, key: str, action, settle_s: float = 3.0) -> tuple[Stats, float]:
