@@ -298,12 +298,13 @@ def test_the_server_side_view_of_a_load_window(testbed):
 def test_teardown_removes_the_monitoring(testbed):
     """Last: `m3_state=absent` stops the units, removes the masks, files and data, purges the two packages; nothing
     listens on the monitoring ports any more."""
-    from m3deploy.core import monitor
+    from m3deploy.core import components, monitor
 
     plan, _ = testbed
     res = TB.deploy(*DATA_ARGS, "--data", "m3_state=absent", timeout=900)
     assert res.returncode == 0, f"the teardown failed:\n{res.stdout[-6000:]}"
-    ports = {str(p.port) for h in plan.hosts for s in h.services if s.kind in monitor.KINDS for p in s.ports}
+    ports = {str(p.port) for h in plan.hosts for s in h.services if components.get(s.kind).stage == "monitoring"
+             for p in s.ports}
     for h in plan.hosts:
         units = ssh(h.name, "systemctl list-units --all --no-legend --plain 'm3-*' 'prometheus*'").stdout
         assert not [ln for ln in units.splitlines() if ln.split()[1:3] != ["not-found", "inactive"]], units
