@@ -124,8 +124,9 @@ _KEYS = (
     Key("m3_gpus_per_host", int, None, "override the platform's GPU count (e.g. a 2-GPU H200 box)", range=(1, 64)),
     Key("m3_gpu_memory_gb", int, None, "per-GPU memory override (e.g. the 141 GB H20 variant)", range=(1, 4096)),
     Key("m3_auth", bool, True, "etcd and NATS authentication (passwords generated once on the controller)", True),
-    Key("m3_etcd_lease_ttl", int, None, "TTL (s) of every Dynamo process's etcd lease (Dynamo's ETCD_LEASE_TTL; "
-        "unset: Dynamo's 30 s). 120 rides out an etcd outage of 60 s (docs/OPERATIONS.md)", True, range=(10, 3600)),
+    Key("m3_etcd_lease_ttl", int, 120, "TTL (s) of every Dynamo process's etcd lease (Dynamo's ETCD_LEASE_TTL, "
+        "whose own default is 30 s): 120 rides out an etcd outage of 60 s (docs/OPERATIONS.md)", True,
+        range=(10, 3600)),
     Key("m3_nats_max_payload", int, 33554432, "NATS max_payload: long prompts time out below it (Dynamo issue 9734)",
         True, range=(1024, 64 << 20)),
     Key("m3_keep_caches", bool, False, "teardown keeps the venv, wheelhouse, mock model and weights", True),

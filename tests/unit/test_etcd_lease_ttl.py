@@ -32,10 +32,16 @@ def test_the_ttl_reaches_every_dynamo_process_and_nothing_else():
     assert dict(plan.settings)["m3_etcd_lease_ttl"] == 120
 
 
-def test_unset_leaves_dynamos_default():
+def test_unset_the_default_rides_out_a_60_s_etcd_outage():
+    """Issue 36: the default is 120, not Dynamo's 30 (measured: etcd away 60 s failed 11645 of 15847 at 30, 0 at 120)."""
     plan = _plan()
-    assert "ETCD_LEASE_TTL" not in dict(plan.host("c1").service("m3-frontend").env)
-    assert "ETCD_LEASE_TTL" not in dict(plan.host("w1").service("m3-worker@0").env)
+    assert dict(plan.host("c1").service("m3-frontend").env)["ETCD_LEASE_TTL"] == "120"
+    assert dict(plan.host("w1").service("m3-worker@0").env)["ETCD_LEASE_TTL"] == "120"
+
+
+def test_a_user_can_still_choose_dynamos_own_default():
+    plan = _plan(m3_etcd_lease_ttl=30)
+    assert dict(plan.host("w1").service("m3-worker@0").env)["ETCD_LEASE_TTL"] == "30"
 
 
 @pytest.mark.parametrize("bad", [5, "2m", 100000])

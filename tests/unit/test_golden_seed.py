@@ -398,8 +398,9 @@ GB200_DATA = dict(variant="nvfp4", serving="dynamo", features=["eagle3-gqa", "te
                   m3_cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64])
 # what the plan adds on top of the seed's env: the timeouts the seed says to raise, the IMEX channel,
 # Dynamo's advertised addresses, NATS event plane, etcd/NATS auth user and health server
-# (docs/DYNAMO.md), the etcd token type marker (m3deploy.core.build.etcd_jwt_option), offline weights.
-GB200_PLAN_ENV = {"M3_ETCD_AUTH_TOKEN": "jwt", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+# (docs/DYNAMO.md), the etcd token type marker (m3deploy.core.build.etcd_jwt_option), offline weights, the etcd
+# lease TTL that rides out a 60 s etcd outage (m3_etcd_lease_ttl, docs/OPERATIONS.md).
+GB200_PLAN_ENV = {"M3_ETCD_AUTH_TOKEN": "jwt", "ETCD_LEASE_TTL": "120", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
                   "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
                   "NVIDIA_IMEX_CHANNELS": "0", "DYN_REQUEST_PLANE": "tcp", "HOME": "/root",
                   "DYN_EVENT_PLANE": "nats", "ETCD_AUTH_USERNAME": "m3", "NATS_AUTH_USERNAME": "m3",
