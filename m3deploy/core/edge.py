@@ -13,9 +13,9 @@ The plan's endpoint becomes `https://<first control host>:<m3_edge_port>/v1`, or
 the edge then also listens on it). This function is the one owner of the endpoint under the edge.
 
 API keys (m3_api_key_file, one per line, every line valid) are checked by the edge: the file on the host
-(EDGE_KEYS, 0600) holds only the SHA-256 of each `Bearer KEY` header, never a key; a request without a matching
-header gets 401 from the edge and reaches no frontend. TLS material (EDGE_PEM, 0600) comes from
-m3deploy.controller.tls.
+(EDGE_KEYS, 0600) holds only the SHA-256 of each key, never a key itself; a request without a matching
+`Authorization: Bearer KEY` header (the scheme in any case) gets 401 from the edge and reaches no frontend. TLS
+material (EDGE_PEM, 0600) comes from m3deploy.controller.tls.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from m3deploy.core.provenance import launch_provenance, provenance
 
 EDGE_UNIT = "m3-edge"
 EDGE_CONF = "/etc/m3/haproxy.cfg"
-EDGE_KEYS = "/etc/m3/edge-api-keys.sha256"  # one hex SHA-256 of "Bearer KEY" per line: no key on the host
+EDGE_KEYS = "/etc/m3/edge-api-keys.sha256"  # one hex SHA-256 of each key per line: no key on the host
 EDGE_PEM = "/etc/m3/edge.pem"  # certificate chain + private key, as HAProxy's `crt` wants them
 EDGE_RUN = "/run/m3-edge"
 EDGE_SOCKET = f"{EDGE_RUN}/admin.sock"  # the runtime API, root only (mode 600)
@@ -110,6 +110,6 @@ def problems(s: Mapping[str, Any], n_control: int) -> list[str]:
 
 
 def key_hashes(keys: list[str]) -> str:
-    """EDGE_KEYS's text: the hex SHA-256 (upper case, as HAProxy's `hex` converter writes it) of each key's
-    `Bearer KEY` header, one per line."""
-    return "".join(hashlib.sha256(f"Bearer {k}".encode()).hexdigest().upper() + "\n" for k in keys)
+    """EDGE_KEYS's text: the hex SHA-256 (upper case, as HAProxy's `hex` converter writes it) of each key, one per
+    line. HAProxy hashes the credentials after the scheme, so the scheme's case is free (RFC 9110 11.1)."""
+    return "".join(hashlib.sha256(k.encode()).hexdigest().upper() + "\n" for k in keys)

@@ -2,7 +2,7 @@
 
 - /etc/m3/haproxy.cfg (0644: no secret; it names the two files below),
 - /etc/m3/edge.pem (0600 root: certificate chain + key; m3deploy.controller.tls),
-- /etc/m3/edge-api-keys.sha256 (0600 root, with m3_api_key_file: the SHA-256 of each `Bearer KEY`, no key),
+- /etc/m3/edge-api-keys.sha256 (0600 root, with m3_api_key_file: the SHA-256 of each key, no key),
 - /etc/systemd/system/m3-edge.service (haproxy -Ws; reload = hitless),
 - the package's haproxy.service masked (a link to /dev/null, first: its postinst would start Debian's config).
 HAProxy's master reads them as root at start and at every reload, before its workers drop to user haproxy.

@@ -39,7 +39,7 @@ def test_edge_on_the_control_host(key_file):  # noqa: F811 (the imported fixture
         up = o.commands.index(f"UPLOAD {path}")
         assert any(f"chmod 0600 {path}" in x and "touch" in x and "chown root:root" in x for x in o.commands[:up])
     hashes = op(ops, f"Render {edge.EDGE_KEYS}").uploads[edge.EDGE_KEYS]
-    assert hashes.splitlines() == [hashlib.sha256(f"Bearer {k}".encode()).hexdigest().upper() for k in KEYS]
+    assert hashes.splitlines() == [hashlib.sha256(k.encode()).hexdigest().upper() for k in KEYS]
     store = load_secrets("gb200")
     pem = op(ops, f"Render {edge.EDGE_PEM}").uploads[edge.EDGE_PEM]
     assert pem == store[tls.EDGE_CERT] + store[tls.EDGE_KEY]

@@ -167,14 +167,14 @@ def record(results: list, name: str, stats, seconds: float, note: str = "", key:
         print(f"  ... {len(stats.details) - 10} more failures, the last at {stats.details[-1][0]} UTC")
 
 
-def https_status(url: str, ca: str | None, key: str | None = None) -> int:
-    """The HTTP status of a GET over TLS with the CA (and a Bearer key), an error status included."""
+def https_status(url: str, ca: str | None, key: str | None = None, scheme: str = "Bearer") -> int:
+    """The HTTP status of a GET over TLS with the CA (and a key, sent as `SCHEME KEY`), an error status included."""
     import ssl
     import urllib.error
     import urllib.request
 
     ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    req = urllib.request.Request(url, headers={"Authorization": f"{scheme} {key}"} if key else {})
     try:
         with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
             return r.status

@@ -101,8 +101,8 @@ def _record(name: str, stats: Stats, took: float, note: str = "") -> None:
     tbrun.record(RESULTS, name, stats, took, note)
 
 
-def _get(url: str, ca: str | None, key: str | None = None) -> int:
-    return tbrun.https_status(url, ca, key)
+def _get(url: str, ca: str | None, key: str | None = None, scheme: str = "Bearer") -> int:
+    return tbrun.https_status(url, ca, key, scheme)
 
 
 def under_load(p, ca: str, key: str, action, settle_s: float = 3.0) -> tuple[Stats, float]:
@@ -134,6 +134,10 @@ def test_edge_refuses_plain_http_and_unknown_cas(cluster):
     assert _get(url, ca, KEY_A) == 200
     assert _get(url, ca) == 401
     assert _get(url, ca, "m3k-wrong") == 401
+    # RFC 9110 11.1: the scheme is case-insensitive; the key is not, and nothing may follow it
+    assert [_get(url, ca, KEY_A, s) for s in ("bearer", "BEARER", "Bearer ")] == [200, 200, 200]
+    assert [_get(url, ca, k, s) for k, s in ((KEY_A.upper(), "Bearer"), (KEY_A, "Basic"), (KEY_A + " x", "Bearer"))] \
+        == [401, 401, 401]
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _get(url, None, KEY_A)  # the system's trust store does not know the cluster CA
     with pytest.raises((urllib.error.URLError, ConnectionError)):
