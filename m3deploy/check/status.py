@@ -258,7 +258,7 @@ def _from_prometheus(plan: ClusterPlan, prom: Prometheus, notes: list[str]) -> S
     rps = q("m3:worker_requests:rate1m")
     p50, p99 = q("m3:worker_ttft_seconds:p50"), q("m3:worker_ttft_seconds:p99")
     kv = q("m3:worker_kv_usage:ratio") if monitor.kv_usage_metric(plan) else {}
-    restarts = q(monitor.restarts_expr(wk))
+    restarts = q(monitor.restarts_expr(wk, monitor.window(plan, "1h")))
     uptime = q(f'max by (host, service) ({monitor.WK_UPTIME}{{job="{wk}"}})')
     registered = _ids_registered(plan)
     ids: dict[tuple, set[str]] = {}

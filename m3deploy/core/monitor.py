@@ -255,31 +255,45 @@ def kv_usage_metric(plan: ClusterPlan) -> str:
     return str(((catalog.engines().get(plan.engine) or {}).get("metrics") or {}).get("kv_usage") or "")
 
 
-def _q(quantile: float, metric: str, by: str, window: str = "5m") -> str:
-    return f"histogram_quantile({quantile}, sum by (le, {by}) (rate({metric}_bucket[{window}])))"
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+MIN_SAMPLES = 4  # a range vector spans at least this many scrape intervals (rate() needs 2 samples; 4 rides out a miss)
+
+
+def window(plan: ClusterPlan, base: str) -> str:
+    """A range window of the rules and dashboards: `base` (e.g. "1m"), or MIN_SAMPLES scrape intervals where that is
+    longer, so that no rate() or increase() is empty at a long m3_monitor_scrape_interval_s (issue 35). The rule
+    names keep their base ("rate1m": the short window)."""
+    base_s = int(base[:-1]) * _UNIT_S[base[-1]]
+    need = MIN_SAMPLES * int(setting(plan, "m3_monitor_scrape_interval_s"))
+    return base if base_s >= need else f"{need}s"
+
+
+def _q(plan: ClusterPlan, quantile: float, metric: str, by: str, base: str = "5m") -> str:
+    return f"histogram_quantile({quantile}, sum by (le, {by}) (rate({metric}_bucket[{window(plan, base)}])))"
 
 
 def recording_rules(plan: ClusterPlan) -> list[dict]:
     wk = 'job="worker"' if plan.serving == "dynamo" else 'job="engine"'
+    w1 = window(plan, "1m")
     rules = []
     if any(t.job == "frontend" for t in targets(plan)):
         rules += [
-            {"record": "m3:frontend_requests:rate1m", "expr": f"sum by (model) (rate({FE_REQUESTS}[1m]))"},
+            {"record": "m3:frontend_requests:rate1m", "expr": f"sum by (model) (rate({FE_REQUESTS}[{w1}]))"},
             {"record": "m3:frontend_errors:rate1m",
-             "expr": f'sum by (model) (rate({FE_REQUESTS}{{status!="success"}}[1m]))'},
-            {"record": "m3:frontend_ttft_seconds:p50", "expr": _q(0.5, FE_TTFT, "model")},
-            {"record": "m3:frontend_ttft_seconds:p99", "expr": _q(0.99, FE_TTFT, "model")},
-            {"record": "m3:frontend_itl_seconds:p99", "expr": _q(0.99, FE_ITL, "model")},
+             "expr": f'sum by (model) (rate({FE_REQUESTS}{{status!="success"}}[{w1}]))'},
+            {"record": "m3:frontend_ttft_seconds:p50", "expr": _q(plan, 0.5, FE_TTFT, "model")},
+            {"record": "m3:frontend_ttft_seconds:p99", "expr": _q(plan, 0.99, FE_TTFT, "model")},
+            {"record": "m3:frontend_itl_seconds:p99", "expr": _q(plan, 0.99, FE_ITL, "model")},
         ]
     if plan.serving == "dynamo" and plan.workers:
         rules += [
             {"record": "m3:worker_requests:rate1m",
              "expr": "sum by (host, service, worker, pool) "
-                     f'(rate({WK_REQUESTS}{{{wk},dynamo_endpoint="generate"}}[1m]))'},
+                     f'(rate({WK_REQUESTS}{{{wk},dynamo_endpoint="generate"}}[{w1}]))'},
             {"record": "m3:worker_inflight",
              "expr": f'sum by (host, service, worker, pool) ({WK_INFLIGHT}{{{wk},dynamo_endpoint="generate"}})'},
-            {"record": "m3:worker_ttft_seconds:p50", "expr": _q(0.5, WK_TTFT, "host, service, worker, pool")},
-            {"record": "m3:worker_ttft_seconds:p99", "expr": _q(0.99, WK_TTFT, "host, service, worker, pool")},
+            {"record": "m3:worker_ttft_seconds:p50", "expr": _q(plan, 0.5, WK_TTFT, "host, service, worker, pool")},
+            {"record": "m3:worker_ttft_seconds:p99", "expr": _q(plan, 0.99, WK_TTFT, "host, service, worker, pool")},
         ]
     kv = kv_usage_metric(plan)
     if kv and plan.workers:
@@ -319,13 +333,14 @@ def alert_rules(plan: ClusterPlan) -> list[dict]:
         out.append(alert("M3KVCacheNearlyFull", "m3:worker_kv_usage:ratio > 0.9", "5m", "warning",
                          "KV cache of worker {{ $labels.worker }} ({{ $labels.host }}) is over 90 % used"))
     if "etcd" in jobs:
+        w15 = window(plan, "15m")
         out += [alert("M3EtcdNoLeader", f"{ETCD_HAS_LEADER} == 0", "1m", "critical",
                       "etcd member {{ $labels.host }} has no leader"),
-                alert("M3EtcdLeaderChanges", f"increase({ETCD_LEADER_CHANGES}[15m]) > 2", "0m", "warning",
-                      "etcd changed leader more than twice in 15 minutes")]
+                alert("M3EtcdLeaderChanges", f"increase({ETCD_LEADER_CHANGES}[{w15}]) > 2", "0m", "warning",
+                      f"etcd changed leader more than twice in {'15 minutes' if w15 == '15m' else w15}")]
     if "nats" in jobs:
-        out.append(alert("M3NatsSlowConsumers", f"increase({NATS_SLOW_CONSUMERS}[5m]) > 0", "0m", "warning",
-                         "NATS on {{ $labels.host }} has slow consumers"))
+        out.append(alert("M3NatsSlowConsumers", f"increase({NATS_SLOW_CONSUMERS}[{window(plan, '5m')}]) > 0", "0m",
+                         "warning", "NATS on {{ $labels.host }} has slow consumers"))
     out += [alert("M3HostDiskNearlyFull", "m3:host_filesystem_available:ratio < 0.1", "10m", "warning",
                   "{{ $labels.mountpoint }} on {{ $labels.host }} is over 90 % full"),
             alert("M3HostMemoryNearlyFull", "m3:host_memory_available:ratio < 0.1", "5m", "warning",
@@ -370,8 +385,9 @@ def _dashboard(plan: ClusterPlan, uid: str, title: str, panels: list[dict], vari
             "description": f"Generated by m3deploy from the plan of cluster {plan.name}; regenerate, do not edit."}
 
 
-def _overview_panels(jobs: set[str]) -> list[dict]:
+def _overview_panels(plan: ClusterPlan, jobs: set[str]) -> list[dict]:
     """The overview dashboard's panels: the frontend's, etcd's and NATS's where the plan scrapes them."""
+    w5, w1h = window(plan, "5m"), window(plan, "1h")
     over = [_panel("Up targets by job", [("sum by (job) (up)", "{{job}}")])]
     if "frontend" in jobs:
         over = [
@@ -382,13 +398,13 @@ def _overview_panels(jobs: set[str]) -> list[dict]:
             _panel("In flight and queued", [(f"sum({FE_INFLIGHT})", "in flight"), (f"sum({FE_QUEUED})", "queued")]),
             _panel("Inter-token latency p99", [("m3:frontend_itl_seconds:p99", "{{model}}")], "s"),
             _panel("Sequence lengths (mean)", [
-                (f"sum(rate({FE_ISL}_sum[5m])) / sum(rate({FE_ISL}_count[5m]))", "input"),
-                (f"sum(rate({FE_OSL}_sum[5m])) / sum(rate({FE_OSL}_count[5m]))", "output")]),
+                (f"sum(rate({FE_ISL}_sum[{w5}])) / sum(rate({FE_ISL}_count[{w5}]))", "input"),
+                (f"sum(rate({FE_OSL}_sum[{w5}])) / sum(rate({FE_OSL}_count[{w5}]))", "output")]),
             _panel("Model ready", [(f"max by (model) ({FE_MODEL_READY})", "{{model}}")], w=6, kind="stat"),
             *over]
     if "etcd" in jobs:
         over.append(_panel("etcd leader", [(f"max by (host) ({ETCD_HAS_LEADER})", "{{host}} has leader"),
-                                           (f"sum(increase({ETCD_LEADER_CHANGES}[1h]))", "leader changes 1h")], w=6))
+                                           (f"sum(increase({ETCD_LEADER_CHANGES}[{w1h}]))", "leader changes 1h")], w=6))
     if "nats" in jobs:
         over.append(_panel("NATS", [(f"sum by (host) ({NATS_CONNECTIONS})", "connections {{host}}"),
                                     (f"sum by (host) ({NATS_SLOW_CONSUMERS})", "slow consumers {{host}}")], w=6))
@@ -398,8 +414,8 @@ def _overview_panels(jobs: set[str]) -> list[dict]:
 def _host_panels(plan: ClusterPlan) -> list[dict]:
     """The hosts dashboard's panels: node exporter, and each GPU vendor's exporter."""
     hsel = '{host=~"$host"}'
-    hp = [_panel("CPU busy", [(f'1 - avg by (host) (rate({NODE_CPU}{{mode="idle",host=~"$host"}}[1m]))', "{{host}}")],
-                 "percentunit"),
+    idle = f'{NODE_CPU}{{mode="idle",host=~"$host"}}'
+    hp = [_panel("CPU busy", [(f'1 - avg by (host) (rate({idle}[{window(plan, "1m")}]))', "{{host}}")], "percentunit"),
           _panel("Memory available", [(f"m3:host_memory_available:ratio{hsel}", "{{host}}")], "percentunit"),
           _panel("Filesystem available", [(f"m3:host_filesystem_available:ratio{hsel}", "{{host}} {{mountpoint}}")],
                  "percentunit")]
@@ -419,7 +435,7 @@ def dashboards(plan: ClusterPlan) -> dict[str, dict]:
     workers = sorted({str(t.worker) for t in ts if t.worker >= 0}, key=int)
     pools = sorted({t.pool for t in ts if t.worker >= 0})
     out = {}
-    over = _overview_panels(jobs)
+    over = _overview_panels(plan, jobs)
     out[f"m3-{plan.name}-overview.json"] = _dashboard(plan, f"m3-{plan.name}-overview", f"m3 {plan.name}: overview",
                                                       over, [])
     if workers:

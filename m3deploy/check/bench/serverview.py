@@ -22,7 +22,7 @@ QUERIES = {
     "frontend queued requests": (f"sum({monitor.FE_QUEUED})", "", "requests"),
     "frontend in flight": (f"sum({monitor.FE_INFLIGHT})", "", "requests"),
     "request plane queue p99": (("histogram_quantile(0.99, sum by (le) (rate(dynamo_request_plane_queue_seconds_bucket"
-                                 "[1m])))"), "", "s"),
+                                 "[{w1}])))"), "", "s"),
     "worker time to first response p99": ("m3:worker_ttft_seconds:p99", "worker", "s"),
     "worker KV cache usage": ("m3:worker_kv_usage:ratio", "worker", "ratio"),
 }
@@ -59,6 +59,7 @@ def collect(plan: ClusterPlan, start: float, end: float) -> dict[str, Any]:
     out: dict[str, Any] = {"window": {"start": start, "end": end, "step_s": step, "prometheus": base},
                            "series": {}, "summary": {}, "units": {}}
     for name, (query, label, unit) in QUERIES.items():
+        query = query.replace("{w1}", monitor.window(plan, "1m"))
         if "kv_usage" in query and not monitor.kv_usage_metric(plan):
             continue
         try:
