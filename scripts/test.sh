@@ -8,7 +8,7 @@
 # tests alone run from a venv of your own (README "Installing by hand").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh --bench --test
+bash scripts/install-deps.sh --bench --test ${CI:+--yes}  # CI: re-point what another clone set up, unasked
 venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 export PATH="$venv/bin:$PATH"  # the tests' `m3deploy`, `pyinfra`, `python3` are the venv's
 lint-imports  # imports point one way (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md)
