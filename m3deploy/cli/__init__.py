@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import click
 
@@ -41,6 +42,21 @@ def load(inventory: str, data=(), facts: bool = True):
 def load_plan(inventory: str, data=(), facts: bool = True):
     """The plan of `load`."""
     return load(inventory, data, facts)[1]
+
+
+def output_dir(outdir: str) -> Path:
+    """OUTDIR made (with its parents) for a command to write into, or M3Error naming it, why and the fix: a path
+    under a file, no permission, a read-only filesystem. Nothing is written before it exists."""
+    out = Path(outdir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".m3deploy-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise M3Error(f"cannot write into OUTDIR {outdir}: {e.strerror or e} ({e.filename or outdir}). Fix: choose "
+                      "a directory you can write, whose parents are directories") from None
+    return out
 
 
 def fail(e: Exception) -> None:
@@ -201,9 +217,13 @@ def pretty_service(s) -> str:
 def validate(inventory, data):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
     from m3deploy.controller.secrets import api_key
+    from m3deploy.core.connection import connection_file_problems
 
     try:
-        p = load_plan(inventory, data)
+        hosts, p = load(inventory, data)
+        problems = connection_file_problems(hosts)  # the deploy checks them before pyinfra connects: so does validate
+        if problems:
+            raise ValidationError(problems)
         if p.state != "absent":
             api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
     except M3Error as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from m3deploy.cli import fail, load_plan
+from m3deploy.cli import fail, load_plan, output_dir
 from m3deploy.core.errors import M3Error
 
 
@@ -81,9 +81,7 @@ def render(inventory, outdir, hosts, data, no_facts):
     try:
         plan = load_plan(inventory, data, facts=not no_facts)
         rendered = render_hosts(plan, hosts)
-        out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
-        n = write_render(out, plan.name, rendered)
+        n = write_render(output_dir(outdir), plan.name, rendered)
     except M3Error as e:
         fail(e)
     click.echo(f"{inventory}: {n} files of {len(rendered)} host(s) written under {outdir}/<host>/ "

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import click
 
-from m3deploy.cli import fail, load_plan
+from m3deploy.cli import fail, load_plan, output_dir
 from m3deploy.core.errors import M3Error
 
 
@@ -62,11 +61,10 @@ def dashboards(inventory, outdir, data):
 
     try:
         plan = load_plan(inventory, data, facts=False)
+        out = output_dir(outdir)
     except M3Error as e:
         fail(e)
         return
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
     for name, doc in monitor.dashboards(plan).items():
         (out / name).write_text(monitor.dashboard_json(doc))
         click.echo(f"wrote {out / name}")

@@ -33,6 +33,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from m3deploy.core import catalog, fanout
+from m3deploy.core.connection import hosts_phrase, ssh_key_problem
 from m3deploy.core.errors import M3Error
 from m3deploy.core.refs import image_problem, model_id_problem
 from m3deploy.core.settings import KEYS, RENAMED, get
@@ -463,6 +464,8 @@ def check_hosts(hosts: Iterable) -> list[str]:
             elif k.startswith("ssh_") and control_chars(v):
                 add(h, f"key {k}: {v!r} holds {control_chars(v)}; it would add lines to verify's ssh_config "
                        "(e.g. a ProxyCommand run on the controller). Fix: remove it", k)
+            elif k.startswith("ssh_") and ssh_key_problem(k):
+                add(h, ssh_key_problem(k), k)
         for k in ("m3_extra_args", "m3_unset_args"):
             v = h.data.get(k)
             if v and not value_problem(k, v) and not (k == "m3_extra_args" and _unparsable(v)):
@@ -516,10 +519,7 @@ def _unique(hosts, add) -> None:
                            + f". Fix: give each host its own {key}", key)
 
 
-def _hosts(names) -> str:
-    names = list(dict.fromkeys(names))
-    more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
-    return ("host " if len(names) == 1 else "hosts ") + ", ".join(names[:8]) + more
+_hosts = hosts_phrase
 
 
 # ------------------------------------------------------------------ ports the plan derives

@@ -135,7 +135,7 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
         raise M3Error(f"inventory file {path} does not exist (shipped inventories are in inventories/)")
     attrs = _exec(path)
     groups: dict[str, Any] = {k: v for k, v in attrs.items() if _is_group(k, v)}
-    _refuse_duplicates(path, groups)
+    _refuse_bad_shapes(path, attrs, groups)  # then _refuse_duplicates
     file_group = file_group_name(path)
 
     all_hosts, all_data = _all_group(groups)
@@ -202,6 +202,47 @@ def _all_group(groups: dict[str, Any]) -> tuple[list, dict[str, Any]]:
             if _split(m)[0] not in names:
                 names.append(_split(m)[0])
     return names, {}
+
+
+HOST_SHAPE = ('write a host as "name" or ("name", {"key": value, ...}), e.g. ("h200-01", {"ssh_hostname": '
+              '"10.0.0.2"}); a group as a list of hosts, or ([hosts], {group data})')
+
+
+def _refuse_bad_shapes(path: Path, attrs: Mapping[str, Any], groups: Mapping[str, Any]) -> None:
+    """Every entry pyinfra 3.10 would read as a host or a group, in the shapes it takes (pyinfra/api/inventory.py
+    make_hosts_and_groups): a host is a name or (name, dict), a group a list of hosts or (list, dict). Anything
+    else crashes pyinfra's loader with a traceback ("dictionary update sequence element #0 ..."), so it is refused
+    here, naming the file, the group, the entry and the fix. A top-level tuple of names (`workers = ("a", "b")`)
+    is no group to pyinfra (silently no hosts): refused too."""
+    problems = []
+    for g, members in groups.items():
+        if isinstance(members, tuple):
+            if len(members) != 2 or not isinstance(members[1], dict):
+                problems.append(f"{path}: group `{g}` is a tuple of {len(members)} item(s), "
+                                f"{type(members[1]).__name__ if len(members) > 1 else ''} data; {HOST_SHAPE}")
+                continue
+            members = members[0]
+        for i, m in enumerate(members, 1):
+            name, data = (m[0], m[1]) if isinstance(m, tuple) and len(m) == 2 else (m, {})
+            if isinstance(m, tuple) and len(m) != 2:
+                why = f"a tuple of {len(m)} item(s)"
+            elif not isinstance(name, str) or not name.strip():
+                why = f"its name is {name!r} ({type(name).__name__}), not a host name"
+            elif not isinstance(data, dict):
+                why = f"its data is {data!r} ({type(data).__name__}), not a dict"
+            elif any(not isinstance(k, str) for k in data):
+                why = f"a data key is not a string: {next(k for k in data if not isinstance(k, str))!r}"
+            else:
+                continue
+            problems.append(f"{path}: group `{g}`, host entry {i} ({m!r:.60}): {why}. Fix: {HOST_SHAPE}")
+    for k, v in attrs.items():
+        if (not k.startswith("_") and k not in groups and isinstance(v, tuple) and v
+                and all(isinstance(x, str) for x in v)):
+            problems.append(f"{path}: `{k}` is a tuple ({v!r:.60}), which pyinfra does not read as a group (it "
+                            f"would have no hosts). Fix: a list, `{k} = [{', '.join(repr(x) for x in v[:2])}]`")
+    if problems:
+        raise M3Error("\n".join(problems))
+    _refuse_duplicates(path, groups)
 
 
 def _refuse_duplicates(path: Path, groups: Mapping[str, Any]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from m3deploy.core import inventory
+from m3deploy.core import connection, inventory
 from m3deploy.core.errors import M3Error
 
 
@@ -33,6 +33,11 @@ def check() -> None:
         return
     record_inventory_file(str(path))
     try:
-        inventory.load(path, cwd=str(Path.cwd()), group_data_directories=list(params.get("group_data") or ()))
+        hosts = inventory.load(path, cwd=str(Path.cwd()), group_data_directories=list(params.get("group_data") or ()))
     except M3Error as e:
         raise InvalidPlan(f"the inventory cannot be loaded, nothing was changed:\n{e}") from None
+    # the key files pyinfra is about to connect with (its own error would come per host, mid-connect)
+    problems = connection.connection_file_problems(inventory.InvHost(name=n, groups=g, data=d) for n, g, d in hosts)
+    if problems:
+        raise InvalidPlan("the inventory's connection files are not usable, nothing was changed:\n"
+                          + "\n".join(f"- {p}" for p in problems))

@@ -1,0 +1,76 @@
+"""The connection data of an inventory host (issue 36): pyinfra's own ssh_* keys, and the files it connects with.
+
+`ssh_key_problem` is part of the input contract (m3deploy.core.inputs.check_hosts, so `plan` refuses a typo too);
+`connection_file_problems` reads the controller's files, so only the commands that connect call it (`m3deploy
+validate`, the deploy's preload before pyinfra connects).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from collections import defaultdict
+from typing import Iterable
+
+
+def hosts_phrase(names) -> str:
+    """"host a" / "hosts a, b, ..." (8 named, then a count)."""
+    names = list(dict.fromkeys(names))
+    more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
+    return ("host " if len(names) == 1 else "hosts ") + ", ".join(names[:8]) + more
+
+
+# pyinfra 3.10's SSH connector data (pyinfra/connectors/ssh.py ConnectorData; tests/unit/test_connection_keys.py
+# compares): any other ssh_* key is ignored by pyinfra without a word (`ssh_usr`: the deploy connects as root)
+SSH_KEYS = frozenset({
+    "ssh_allow_agent", "ssh_config_file", "ssh_connect_retries", "ssh_connect_retry_max_delay",
+    "ssh_connect_retry_min_delay", "ssh_file_transfer_protocol", "ssh_forward_agent", "ssh_hostname", "ssh_key",
+    "ssh_key_password", "ssh_known_hosts_file", "ssh_look_for_keys", "ssh_paramiko_connect_kwargs", "ssh_password",
+    "ssh_port", "ssh_strict_host_key_checking", "ssh_user"})
+
+
+def ssh_key_problem(k: str) -> str:
+    """An ssh_* key pyinfra does not know ('' when it does)."""
+    if k in SSH_KEYS:
+        return ""
+    near = difflib.get_close_matches(k, SSH_KEYS, n=1, cutoff=0.7)
+    return (f"key {k} is not a pyinfra SSH connection key{f' (did you mean {near[0]}?)' if near else ''}; pyinfra "
+            f"would ignore it without a word. Fix: {f'rename it to {near[0]}' if near else 'remove it'} "
+            "(keys: docs/INVENTORY.md \"Connecting\")")
+
+
+CONNECTION_FILES = ("ssh_key", "ssh_config_file", "ssh_known_hosts_file")
+
+
+def connection_file_problems(hosts: Iterable) -> list[str]:
+    """The connection files of these InvHosts that are no usable file on this controller, identical ones merged
+    across hosts. Checked by the commands that connect (`m3deploy validate`, the deploy before pyinfra connects),
+    not by `plan`/`render`, which may run where the keys are not."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for h in hosts:
+        for k in CONNECTION_FILES:
+            why = connection_file_problem(k, h.data.get(k))
+            if why:
+                src = (getattr(h, "sources", {}) or {}).get(k, "")
+                found[(f" ({src})" if src else "", why)].append(h.name)
+    return [f"{hosts_phrase(names)}{where}: {msg}" for (where, msg), names in found.items()]
+
+
+def connection_file_problem(k: str, v) -> str:
+    """ssh_key / ssh_config_file / ssh_known_hosts_file `v` as a file on the controller ('' when fine). A private key
+    must be private: OpenSSH refuses one others can read."""
+    if v is None:
+        return ""
+    if not isinstance(v, str) or not v:
+        return f"key {k}: {v!r} is not a file path. Fix: {k} = \"~/.ssh/id_ed25519\""
+    path = os.path.expanduser(v)
+    if os.path.isdir(path):
+        return f"key {k}: {v} is a directory, not a file. Fix: name the file in it (e.g. {v.rstrip('/')}/id_ed25519)"
+    if not os.path.isfile(path):
+        return (f"key {k}: {v} does not exist on this controller. Fix: the path of the file (~ is your home), "
+                + ("or make one: ssh-keygen -t ed25519 -f " + v if k == "ssh_key" else "or remove the key"))
+    if k == "ssh_key" and os.stat(path).st_mode & 0o077:
+        return (f"key ssh_key: {v} can be read by others (mode {os.stat(path).st_mode & 0o777:o}); a private key "
+                f"must be yours alone (OpenSSH refuses it). Fix: chmod 600 {v}")
+    if not os.access(path, os.R_OK):
+        return f"key {k}: {v} cannot be read by this user. Fix: run as its owner, or chmod u+r {v}"
+    return ""
