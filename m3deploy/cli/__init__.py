@@ -200,12 +200,14 @@ def pretty_service(s) -> str:
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
 def validate(inventory, data):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+    from m3deploy.controller import deployed
     from m3deploy.controller.secrets import api_key
 
     try:
         p = load_plan(inventory, data)
         if p.state != "absent":
             api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+        deployed.refuse_skew(p)  # the deploy refuses a version skew before any host: so does validate
     except M3Error as e:
         fail(e)
     n = sum(len(h.services) for h in p.hosts)
