@@ -65,9 +65,14 @@ def write_host(plan: ClusterPlan, hp: HostPlan, running: dict, connect: dict | N
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(p, f"the deploy record of {plan.name}"):
         doc = load(plan.name) or {"version": VERSION, "cluster": plan.name, "hosts": {}}
+        before = doc["hosts"].get(hp.name) or {}
+        now = planned(plan, hp)
+        old_gen = (before.get("planned") or {}).get("generation")
+        # the generation a roll back returns to: the one this deploy replaced (kept across same-generation deploys)
+        previous = old_gen if old_gen and old_gen != now.get("generation") else before.get("previous_generation")
         doc["hosts"][hp.name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "planned": planned(plan, hp), "running": running, "connect": connect or {},
-                                 "address": hp.address}
+                                 "planned": now, "running": running, "connect": connect or {},
+                                 "address": hp.address, **({"previous_generation": previous} if previous else {})}
         _replace(p, doc)
     return p
 
@@ -174,13 +179,26 @@ def generation_change(plan: ClusterPlan, record: dict) -> list[str]:
     frontends = [f"{h.name}/{s.name}" for h in plan.hosts for s in h.services if s.kind == "frontend"]
     was = "; ".join(f"{k} on {', '.join(v)}" for k, v in old.items())
     return [f"generation change: {was} -> {new.describe()}",
-            f"  1. every host writes the new files (venv {plan.venv}; the previous generation's venv, unit and env "
-            "files stay on the hosts: /var/lib/m3/rollback/)",
-            f"  2. the frontends restart on Dynamo {plan.dynamo_version}, one at a time: {', '.join(frontends)}",
+            f"  1. every host writes the new files (venv {plan.venv}); the previous generation's venv and images "
+            "stay until the next deploy, its unit and env files in /var/lib/m3/rollback/",
+            f"  2. the frontends restart on Dynamo {plan.dynamo_version} (before any worker rolls; behind m3_edge, "
+            f"drained one at a time): {', '.join(frontends)}",
             f"  3. the workers roll one instance at a time into namespace dynamo-{new.id}; each is drained from "
             f"the old generation only after every frontend lists its successor as routable: {', '.join(workers)}",
             "  4. the serving check; `m3deploy verify`; a roll back is the same change the other way "
             "(docs/OPERATIONS.md \"Upgrades and rollback\")"]
+
+
+def rollback_data(record: dict) -> list[str]:
+    """The --data that returns to the generation the last generation change replaced ([] when none is recorded):
+    `m3deploy plan --diff-deployed` prints it."""
+    prev = next((e["previous_generation"] for _, e in sorted((record.get("hosts") or {}).items())
+                 if e.get("previous_generation")), None)
+    if not prev:
+        return []
+    out = [f"m3_dynamo_version={prev['dynamo_version']}", f"m3_engine={prev['engine']}",
+           f"m3_runtime={prev['runtime']}", f"m3_model_id={prev['model_id']}"]
+    return out + ([f"m3_image={prev['image']}"] if prev["image"] != "recipe" else [])
 
 
 def describe_running(entry: dict) -> str:

@@ -85,3 +85,39 @@ def test_diff_deployed_shows_a_generation_change_with_its_order():
     # the same generation again: no generation line
     _record(new)
     assert not any(x.startswith("generation change") for x in deployed.diff(new, deployed.load(new.name)))
+
+
+def test_the_record_keeps_the_generation_to_roll_back_to():
+    old = load_plan(INV, ['m3_dynamo_version="1.6.0"'], facts=False)
+    _record(old)
+    assert deployed.rollback_data(deployed.load(old.name)) == []  # nothing replaced yet
+    new = load_plan(INV, [], facts=False)
+    _record(new)
+    _record(new)  # a deploy of the same generation keeps what the change replaced
+    back = deployed.rollback_data(deployed.load(new.name))
+    assert "m3_dynamo_version=1.6.0" in back
+    r = CliRunner().invoke(main, ["plan", INV, "--no-facts", "--diff-deployed"])
+    assert r.exit_code == 0 and "--data m3_dynamo_version=1.6.0" in r.output
+    # the roll back it names is the previous generation, and the skew policy allows it
+    again = load_plan(INV, back, facts=False)
+    assert again.generation == old.generation
+    deployed.refuse_skew(again)
+
+
+def test_a_generation_change_keeps_the_previous_venv_and_images_on_the_host():
+    """roles/manifest.py: the leftovers of a generation change are split; the previous venv and images stay, named
+    in the new manifest (teardown removes them; the next deploy of the same generation removes them)."""
+    from m3deploy.deploy import shrink
+
+    old = {"venvs": ["/opt/m3/dynamo-1.6.0"], "images": ["m3deploy/dynamo-mocker:1.6.0-x"],
+           "files": ["/etc/m3/m3-worker@1.env"]}
+    new = {"m3deploy_manifest": 1, "venvs": ["/opt/m3/dynamo-1.6.1"], "images": ["m3deploy/dynamo-mocker:1.6.1-x"],
+           "files": []}
+    gone = shrink.leftovers(old, new)
+    assert gone["venvs"] == ["/opt/m3/dynamo-1.6.0"]
+    now, written = shrink.keep_previous_generation(gone, new)
+    assert now["venvs"] == [] and now["images"] == [] and "/etc/m3/m3-worker@1.env" in now["files"]
+    assert written["venvs"] == ["/opt/m3/dynamo-1.6.1", "/opt/m3/dynamo-1.6.0"]
+    assert written["images"][-1] == "m3deploy/dynamo-mocker:1.6.0-x" and written["m3deploy_manifest"] == 1
+    # the next deploy of the same generation: the previous venv is a leftover again, and goes
+    assert shrink.leftovers(written, new)["venvs"] == ["/opt/m3/dynamo-1.6.0"]
