@@ -51,6 +51,12 @@ def version(v: str) -> tuple[str, ...]:
     return DATA + ("--data", f"m3_dynamo_version={v}")
 
 
+def workers(doc: dict) -> list[dict]:
+    """The planned workers' `generate` instances in a frontend's /health (component `backend`: the mocker; the
+    scripted tool-call engine beside worker 0, component `scripted`, is not one of them)."""
+    return [i for i in doc.get("instances") or [] if i.get("endpoint") == "generate" and i.get("component") == "backend"]
+
+
 class Probe(threading.Thread):
     """Every 0.5 s, a round over every frontend's /health: the `generate` instances each lists. `fewest_routable`:
     the fewest, over the rounds, of the most any frontend listed in that round (what the edge can route to);
@@ -69,7 +75,7 @@ class Probe(threading.Thread):
             for url in self.urls:
                 try:
                     doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
-                    seen.append(sum(1 for i in doc.get("instances") or [] if i.get("endpoint") == "generate"))
+                    seen.append(len(workers(doc)))
                 except (OSError, ValueError):
                     self.errors += 1
             best = max(seen, default=0)
@@ -142,6 +148,12 @@ def test_upgrade_changes_every_generation_with_nothing_failed(cluster):
     env = TB.on(w, "cat /etc/m3/m3-worker@0.env")
     assert f"DYN_NAMESPACE_WORKER_SUFFIX={hosts.generation.id}" in env
     assert "dynamo-1.6.0" in TB.on(w, "ls /opt/m3")  # the previous generation's venv kept for the roll back
+    # Dynamo's own view: every frontend lists the workers under the new generation's namespace, none under the old
+    for url in frontend_urls(hosts, "/health"):
+        doc = json.loads(urllib.request.urlopen(url, timeout=10).read())
+        spaces = {i.get("namespace") for i in workers(doc)}
+        print(f"{url}: generate instances in namespaces {sorted(map(str, spaces))}")
+        assert spaces == {f"dynamo-{hosts.generation.id}"}, (url, doc)
 
 
 def test_rollback_returns_with_nothing_failed(cluster):
