@@ -30,6 +30,15 @@ def write_manifest():
         except M3Error as e:
             host.noop(f"the previous manifest is not used, nothing it names is removed: {e}")
             gone = {}
+        if any(gone.values()) and _generation_changes(cp):
+            gone, new = shrink.keep_previous_generation(gone, new)
         if any(gone.values()):
             remove(gone, keep=bool(cp.setting("m3_keep_caches")), final=False)
     hostops.ship(hostfiles.manifest_file(cp, hp, new))
+
+
+def _generation_changes(cp) -> bool:
+    """Does this deploy change the workers' generation against the deploy record (the last completed deploy)?"""
+    from m3deploy.controller import deployed
+
+    return bool(cp.generation) and bool(deployed.generation_change(cp, deployed.load(cp.name)))

@@ -28,7 +28,7 @@ from pyinfra.operations import python
 
 from m3deploy.check import readiness as _readiness
 from m3deploy.check import rollout
-from m3deploy.check.checks import frontend_url, metrics_url
+from m3deploy.check.checks import frontend_url, frontend_urls, metrics_url
 from m3deploy.controller.secrets import api_key
 from m3deploy.core.errors import M3Error
 from roles import lifecycle
@@ -101,6 +101,7 @@ def _bring_up(cp, instances, old_ids: dict) -> None:
             if s.readiness and s.readiness.kind == "tcp":
                 _readiness.wait_ready(s.readiness, what=key, logs=lambda k=key: _tail(k))
     health = frontend_url(cp, "/health") if cp.serving == "dynamo" else ""
+    others = frontend_urls(cp, "/health")[1:] if health else []  # every frontend lists each new instance
     for w in instances:
         for key in w.services:
             hp, s = _service(cp, key)
@@ -110,7 +111,7 @@ def _bring_up(cp, instances, old_ids: dict) -> None:
         murl = metrics_url(hp, s)
         if health and murl:
             took = rollout.wait_routable(w.services[0], health, murl, old_ids.get(w.index, ()), _send(cp),
-                                         timeout_s=s.readiness.timeout_s if s.readiness else 120)
+                                         timeout_s=s.readiness.timeout_s if s.readiness else 120, also=others)
             host.log(f"worker {w.index} ({w.services[0]}): routed to and served ({took:.1f} s)")
 
 

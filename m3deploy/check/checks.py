@@ -360,6 +360,17 @@ def frontend_url(plan: ClusterPlan, path: str) -> str:
     return f"http://{_url_host(h, p.address)}:{p.port}{path}"
 
 
+def frontend_urls(plan: ClusterPlan, path: str) -> list[str]:
+    """`path` on every Dynamo frontend of the plan (host order; m3_edge's extra frontends too)."""
+    out = []
+    for h in plan.hosts:
+        for s in h.services:
+            if s.kind == "frontend":
+                p = s.port("http")
+                out.append(f"http://{_url_host(h, p.address)}:{p.port}{path}")
+    return out
+
+
 def instance_services(plan: ClusterPlan) -> list[tuple[HostPlan, Service]]:
     """The services that register one `generate` instance each: rank 0 of every planned worker."""
     out = []

@@ -96,10 +96,12 @@ def _safe(fn, *args) -> tuple[bool, str]:
 
 def wait_routable(key: str, health_url: str, metrics_url: str, old_ids: Iterable[str],
                   send: Callable[[], object], timeout_s: float, interval_s: float = 0.25,
-                  clock=time.monotonic, sleep=time.sleep) -> float:
+                  clock=time.monotonic, sleep=time.sleep, also: Iterable[str] = ()) -> float:
     """After a restart of `key`: its new process (an id not in `old_ids`) is listed by the frontend, and a
     request sent through the frontend was served by it. `send()` sends one small request (its failure is
-    tolerated while waiting: other traffic may be what reaches the new worker first)."""
+    tolerated while waiting: other traffic may be what reaches the new worker first). `also`: the other
+    frontends' /health URLs, each of which must list the new process too (a new generation is routable from
+    every frontend before the next old instance drains)."""
     old = set(old_ids)
 
     def probe():
@@ -107,8 +109,9 @@ def wait_routable(key: str, health_url: str, metrics_url: str, old_ids: Iterable
         new = set(counts) - old
         if not new:
             return False, f"{metrics_url} still reports the old id(s) {sorted(old)}" if counts else "no worker_id yet"
-        if not new & listed_ids(health_url):
-            return False, f"new id(s) {sorted(new)} not listed by {health_url} yet"
+        for url in (health_url, *also):
+            if not new & listed_ids(url):
+                return False, f"new id(s) {sorted(new)} not listed by {url} yet"
         if sum(counts[i] for i in new) >= 1:
             return True, "served"
         try:

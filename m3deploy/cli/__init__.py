@@ -126,10 +126,16 @@ def plan(inventory, only_host, explain, as_json, data, no_facts, diff_deployed):
         from m3deploy.controller import deployed
 
         record = deployed.load(p.name)
-        lines = [x for x in deployed.diff(p, record) if not only_host or x.startswith(f"{only_host}:")]
+        cluster_wide = deployed.generation_change(p, record)  # a generation change: every host's, with its order
+        lines = [x for x in deployed.diff(p, record)
+                 if not only_host or x.startswith(f"{only_host}:") or x in cluster_wide]
         for name, entry in sorted((record.get("hosts") or {}).items()):
             if not only_host or name == only_host:
                 click.echo(f"# {name} runs (recorded {entry.get('at', '?')}): {deployed.describe_running(entry)}")
+        back = deployed.rollback_data(record)
+        if back:
+            click.echo("# roll back to the generation the last change replaced: "
+                       + " ".join(f"--data {shlex.quote(d)}" for d in back))
         click.echo("\n".join(lines) if lines else f"{p.name}: a deploy would change nothing against the record")
         sys.exit(1 if lines else 0)
     if as_json:
@@ -216,6 +222,7 @@ def pretty_service(s) -> str:
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
 def validate(inventory, data):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+    from m3deploy.controller import deployed
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems
 
@@ -226,6 +233,7 @@ def validate(inventory, data):
             raise ValidationError(problems)
         if p.state != "absent":
             api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+        deployed.refuse_skew(p)  # the deploy refuses a version skew before any host: so does validate
     except M3Error as e:
         fail(e)
     n = sum(len(h.services) for h in p.hosts)

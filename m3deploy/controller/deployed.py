@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from m3deploy.controller.cachelock import locked
 from m3deploy.controller.secrets import secrets_path
+from m3deploy.core import generation as gen
+from m3deploy.core.errors import ValidationError
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 VERSION = 1
@@ -33,8 +36,11 @@ def record_path(cluster: str) -> Path:
 
 
 def planned(plan: ClusterPlan, hp: HostPlan) -> dict:
-    return {"services": {s.name: {"image": s.image, "command": list(s.command)} for s in hp.services},
-            "model_repos": [r.repo for r in plan.model_repos] if hp.weights_dir else []}
+    out = {"services": {s.name: {"image": s.image, "command": list(s.command)} for s in hp.services},
+           "model_repos": [r.repo for r in plan.model_repos] if hp.weights_dir else []}
+    if plan.generation and any(s.kind in ("worker", "frontend") for s in hp.services):
+        out["generation"] = asdict(plan.generation)  # core/generation.py: what the host's Dynamo services run
+    return out
 
 
 def connection(data) -> dict:
@@ -59,9 +65,14 @@ def write_host(plan: ClusterPlan, hp: HostPlan, running: dict, connect: dict | N
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with locked(p, f"the deploy record of {plan.name}"):
         doc = load(plan.name) or {"version": VERSION, "cluster": plan.name, "hosts": {}}
+        before = doc["hosts"].get(hp.name) or {}
+        now = planned(plan, hp)
+        old_gen = (before.get("planned") or {}).get("generation")
+        # the generation a roll back returns to: the one this deploy replaced (kept across same-generation deploys)
+        previous = old_gen if old_gen and old_gen != now.get("generation") else before.get("previous_generation")
         doc["hosts"][hp.name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 "planned": planned(plan, hp), "running": running, "connect": connect or {},
-                                 "address": hp.address}
+                                 "planned": now, "running": running, "connect": connect or {},
+                                 "address": hp.address, **({"previous_generation": previous} if previous else {})}
         _replace(p, doc)
     return p
 
@@ -87,8 +98,8 @@ def diff(plan: ClusterPlan, record: dict) -> list[str]:
     """What a deploy of `plan` would change against the record: one line per difference ([] = nothing)."""
     if not record:
         return [f"no deploy record ({record_path(plan.name)}): a deploy would install everything"]
-    out = []
     hosts = record.get("hosts") or {}
+    out = generation_change(plan, record)
     for hp in plan.hosts:
         have = hosts.get(hp.name)
         if not have:
@@ -115,6 +126,79 @@ def diff(plan: ClusterPlan, record: dict) -> list[str]:
         out.append(f"{name}: in the record but not in the plan (a deploy does not touch it; "
                    f"`m3deploy prune INVENTORY --host {name}` drains and tears it down)")
     return out
+
+
+def deployed_generations(record: dict) -> dict[str, list[str]]:
+    """generation id -> the hosts whose Dynamo services the record says run it (records before issue 38: the
+    Dynamo version the host reported, as `dynamo <version>`)."""
+    out: dict[str, list[str]] = {}
+    for name, entry in sorted((record.get("hosts") or {}).items()):
+        g = (entry.get("planned") or {}).get("generation")
+        key = g["id"] if g else (f"dynamo {(entry.get('running') or {}).get('dynamo')}"
+                                  if (entry.get("running") or {}).get("dynamo") else "")
+        if key:
+            out.setdefault(key, []).append(name)
+    return out
+
+
+def _deployed_dynamo(record: dict) -> dict[str, list[str]]:
+    """Dynamo version -> the hosts the record says run it (planned generation, else the version reported)."""
+    out: dict[str, list[str]] = {}
+    for name, entry in sorted((record.get("hosts") or {}).items()):
+        g = (entry.get("planned") or {}).get("generation") or {}
+        v = g.get("dynamo_version") or (entry.get("running") or {}).get("dynamo") or ""
+        if v:
+            out.setdefault(str(v), []).append(name)
+    return out
+
+
+def skew_problems(plan: ClusterPlan, record: dict) -> list[str]:
+    """The version-skew refusals of deploying `plan` over what the record says runs (catalog.yaml `version_skew`,
+    core/generation.py): checked by `m3deploy validate` and the deploy before any host is touched."""
+    if not plan.dynamo_version or plan.state == "absent":
+        return []
+    return [p for old, names in _deployed_dynamo(record).items()
+            for p in gen.change_problems(old, plan.dynamo_version, f"the deploy record ({', '.join(names)})")]
+
+
+def refuse_skew(plan: ClusterPlan) -> None:
+    """Raise ValidationError with every skew refusal of deploying `plan` over its deploy record."""
+    problems = skew_problems(plan, load(plan.name))
+    if problems:
+        raise ValidationError(problems)
+
+
+def generation_change(plan: ClusterPlan, record: dict) -> list[str]:
+    """A change of the workers' generation, as such, with the order the deploy takes it ([] when none)."""
+    new = plan.generation
+    old = {k: v for k, v in deployed_generations(record).items() if not new or k != new.id}
+    if not new or not old:
+        return []
+    workers = [f"{h.name}/{s.name}" for w in plan.workers for h in plan.hosts for s in h.services
+               if s.kind == "worker" and s.worker == w.index and s.rank == 0]
+    frontends = [f"{h.name}/{s.name}" for h in plan.hosts for s in h.services if s.kind == "frontend"]
+    was = "; ".join(f"{k} on {', '.join(v)}" for k, v in old.items())
+    return [f"generation change: {was} -> {new.describe()}",
+            f"  1. every host writes the new files (venv {plan.venv}); the previous generation's venv and images "
+            "stay until the next deploy, its unit and env files in /var/lib/m3/rollback/",
+            f"  2. the frontends restart on Dynamo {plan.dynamo_version} (before any worker rolls; behind m3_edge, "
+            f"drained one at a time): {', '.join(frontends)}",
+            f"  3. the workers roll one instance at a time into namespace dynamo-{new.id}; each is drained from "
+            f"the old generation only after every frontend lists its successor as routable: {', '.join(workers)}",
+            "  4. the serving check; `m3deploy verify`; a roll back is the same change the other way "
+            "(docs/OPERATIONS.md \"Upgrades and rollback\")"]
+
+
+def rollback_data(record: dict) -> list[str]:
+    """The --data that returns to the generation the last generation change replaced ([] when none is recorded):
+    `m3deploy plan --diff-deployed` prints it."""
+    prev = next((e["previous_generation"] for _, e in sorted((record.get("hosts") or {}).items())
+                 if e.get("previous_generation")), None)
+    if not prev:
+        return []
+    out = [f"m3_dynamo_version={prev['dynamo_version']}", f"m3_engine={prev['engine']}",
+           f"m3_runtime={prev['runtime']}", f"m3_model_id={prev['model_id']}"]
+    return out + ([f"m3_image={prev['image']}"] if prev["image"] != "recipe" else [])
 
 
 def describe_running(entry: dict) -> str:

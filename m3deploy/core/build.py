@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from m3deploy.core import catalog, control, disagg, edge, layout, monitor, mpi, planner, repos, settings, worker
+from m3deploy.core import generation as gen
 from m3deploy.core.control import (  # noqa: F401 (the plan's names, imported from here by roles and tests)
     AUTH_USER,
     DYN_SECRET_ENV,
@@ -114,6 +115,7 @@ class _Common:
     datas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # host -> its own data (host-level keys)
     planner_profile: tuple[tuple[str, str], ...] = ()  # m3_planner with the mocker: its profile files
     pool: str = ""  # m3_disagg: "prefill" | "decode" (core/disagg.py); "" aggregated
+    generation: gen.Generation | None = None  # the workers' generation (core/generation.py), decided here
 
     def where(self, key: str, host: str | None = None) -> str:
         """The file (or `--data`) a setting was read from: the host's own data for a host-level key, else the
@@ -190,7 +192,8 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         hosts=tuple(host_plans), workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=c.etcd,
         nats_server=c.nats, dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
         venv=c.venv if serving == "dynamo" else "", model_dir=c.model_dir, model_repos=model_repos,
-        rollout=rollout_plan(s), nats=nats_plan(s, name) if c.nats else None, settings=recorded)
+        rollout=rollout_plan(s), nats=nats_plan(s, name) if c.nats else None, settings=recorded,
+        generation=c.generation if serving == "dynamo" else None)
 
 
 def _span(c: _Common, workers: list[InvHost]) -> int:
@@ -233,7 +236,7 @@ def _common(ref: InvHost, hosts: list[InvHost], workers: list[InvHost], control_
         else s["m3_hf_cache"],
         home=state_dir,  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
         client=client, sources=sources, ref=ref.name, datas={h.name: h.data for h in hosts},
-        planner_profile=planner.profile_files(s) if mocker_profile else ())
+        planner_profile=planner.profile_files(s) if mocker_profile else (), generation=gen.of(s, model_id))
 
 
 def _lay_pools(c: _Common, workers: list[InvHost], addr: Mapping[str, str], services: dict[str, list[Service]],

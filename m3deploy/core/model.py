@@ -262,6 +262,7 @@ class ClusterPlan:
     rollout: RolloutPlan | None = None  # how changed worker units restart
     nats: NatsPlan | None = None  # Dynamo: the NATS settings
     settings: tuple[tuple[str, Any], ...] = ()  # every resolved m3_* setting, for reports
+    generation: Any = None  # Dynamo: the workers' generation (core/generation.Generation; issue 38)
 
     def host(self, name: str) -> HostPlan:
         for h in self.hosts:

@@ -11,6 +11,7 @@ from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra_cli.exceptions import CliError
 
+from m3deploy.controller import deployed
 from m3deploy.core import build as planmod
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
@@ -86,6 +87,7 @@ def cluster_plan() -> ClusterPlan:
         if cached is None:
             hosts = hosts_from_pyinfra(state.inventory)
             cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
+            deployed.refuse_skew(cached)  # a version skew catalog.yaml forbids: ValidationError, before any host
             if cached.state != "absent":
                 _prepare_controller(cached)
             _warn_unmanaged(cached)

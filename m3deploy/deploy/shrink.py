@@ -35,3 +35,19 @@ def leftovers(old: dict, new: dict) -> dict[str, list[str]]:
         copies = [f"{ROLLBACK_DIR}/{posixpath.basename(f)}" for f in out["files"]]
         out["files"] += [c for c in copies if c not in out["files"] and not removal_problem("files", c)]
     return out
+
+
+GENERATION_KEYS = ("venvs", "images")  # what a worker generation runs from (core/generation.py)
+
+
+def keep_previous_generation(gone: dict[str, list[str]], new: dict) -> tuple[dict[str, list[str]], dict]:
+    """A deploy that changes the generation (issue 38): the previous generation's venvs and images stay, named in
+    the new manifest (teardown removes them; the next deploy of the same generation finds them as leftovers and
+    removes them). So its workers, still running while the new ones roll in, keep their files, and a roll back
+    finds them. Returns (what to remove now, the manifest to write)."""
+    kept = {k: list(gone.get(k, [])) for k in GENERATION_KEYS}
+    now = {k: ([] if k in GENERATION_KEYS else v) for k, v in gone.items()}
+    out = dict(new)
+    for k in GENERATION_KEYS:
+        out[k] = list(new.get(k, [])) + [e for e in kept[k] if e not in new.get(k, [])]
+    return now, out

@@ -412,11 +412,16 @@ def _addr_env(a):
                            "DYN_SYSTEM_HOST")}
 
 
+def _generation_env(p):
+    """The worker's generation namespace suffix (m3deploy/core/generation.py, issue 38)."""
+    return {"DYN_NAMESPACE_WORKER_SUFFIX": p.generation.id}
+
+
 def test_gb200_tp4_one_tray():
     """The seed's `tcp://*:5200` KV-events endpoint binds every interface; the plan binds the tray's address."""
-    _, svc = worker("gb200", parallel="tp4", **GB200_DATA)
+    p, svc = worker("gb200", parallel="tp4", **GB200_DATA)
     check(svc, GB200_ENV.format(allreduce="trtllm") + GB200_WORKER.format(tp=4, addr="10.0.0.11"),
-          extra_env={**GB200_PLAN_ENV, **_addr_env("10.0.0.11")})
+          extra_env={**GB200_PLAN_ENV, **_addr_env("10.0.0.11"), **_generation_env(p)})
     assert svc.base_image.startswith("vllm/vllm-openai:nightly-5555a2d8")
     assert svc.base_image.endswith("@sha256:8896fd7b29fc4ee7ce839f146cb4757984c476ec79d0234ffa8c995dee6e339a")
     assert svc.image.startswith("m3deploy/dynamo-vllm:1.6.1-")
@@ -429,7 +434,7 @@ def test_gb200_tp8_two_trays():
     for rank, svc, addr in ((0, svc0, "10.0.0.11"), (1, svc1, "10.0.0.12")):
         seed = GB200_ENV.format(allreduce="mnnvl") + GB200_WORKER.format(tp=8, addr=addr)
         seed += f" --nnodes 2 --node-rank {rank} --master-addr 10.0.0.11" + (" --headless" if rank else "")
-        extra = {**GB200_PLAN_ENV, **_addr_env(addr), **env_extra}
+        extra = {**GB200_PLAN_ENV, **_addr_env(addr), **env_extra, **_generation_env(p)}
         check(svc, seed, extra_env=extra)
     assert p.workers[0].hosts == ("w0", "w1")
     assert svc1.after == ("w0/m3-worker@0",)

@@ -15,14 +15,14 @@ OLD, NEW, OTHER = 756501595585796121, 756501595585796134, 756501595585796145
 
 @pytest.fixture
 def dynamo():
-    st = {"listed": [OLD, OTHER], "worker": {"w1": (OLD, 5), "w2": (OTHER, 0)}, "sent": 0}
+    st = {"listed": [OLD, OTHER], "listed2": [OLD, OTHER], "worker": {"w1": (OLD, 5), "w2": (OTHER, 0)}, "sent": 0}
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            if self.path == "/health":
+            if self.path.endswith("/health"):  # /health: the first frontend, /fe2/health: a second one
                 body = json.dumps({"status": "healthy", "instances": [
                     {"endpoint": "generate", "instance_id": i, "transport": {"tcp": f"10.0.0.1:1/{i:x}"}}
-                    for i in st["listed"]] + [{"endpoint": "worker_kv_query_source_x", "instance_id": 1}]})
+                    for i in st["listed" if self.path == "/health" else "listed2"]] + [{"endpoint": "worker_kv_query_source_x", "instance_id": 1}]})
             else:
                 wid, served = st["worker"][self.path.strip("/").split("/")[0]]
                 body = (f'dynamo_component_inflight_requests{{dynamo_endpoint="generate",worker_id="{wid:x}"}} 0\n'
@@ -82,3 +82,17 @@ def test_wait_routable_needs_the_new_process_listed_and_serving(dynamo):
     assert rollout.wait_routable("h1/m3-worker@0", f"{url}/health", f"{url}/w1/metrics", old, send,
                                  timeout_s=2, interval_s=0.05) < 2
     assert st["sent"] >= 1
+
+
+def test_wait_routable_waits_for_every_frontend_to_list_the_new_process(dynamo):
+    """Issue 38: the next old instance drains only once every frontend lists the new one, not just the first."""
+    url, st = dynamo
+    old = {format(OLD, "x")}
+    st["worker"]["w1"] = (NEW, 1)
+    st["listed"].append(NEW)  # the first frontend lists and served it; the second does not list it yet
+    with pytest.raises(NotReady, match="fe2/health"):
+        rollout.wait_routable("h1/m3-worker@0", f"{url}/health", f"{url}/w1/metrics", old, lambda: None,
+                              timeout_s=0.3, interval_s=0.1, also=[f"{url}/fe2/health"])
+    st["listed2"].append(NEW)
+    assert rollout.wait_routable("h1/m3-worker@0", f"{url}/health", f"{url}/w1/metrics", old, lambda: None,
+                                 timeout_s=2, interval_s=0.05, also=[f"{url}/fe2/health"]) < 2

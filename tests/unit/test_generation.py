@@ -1,0 +1,123 @@
+"""Worker generations (issue 38): the id decided once from the versions that define a generation, the namespace
+suffix the workers register under, the catalog's version-skew policy refusing a change before any host (validate
+and the deploy), and `m3deploy plan --diff-deployed` showing a generation change with its order."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from m3deploy.cli import load_plan, main
+from m3deploy.controller import deployed
+from m3deploy.core import generation as gen
+from m3deploy.core.errors import ValidationError
+from tests.unit.test_plan_snapshots import ROOT
+
+INV = str(ROOT / "inventories" / "gb200_disagg.py")  # Dynamo, two control hosts' frontends, prefill + decode
+
+
+@pytest.fixture(autouse=True)
+def _config(tmp_path, monkeypatch):
+    monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
+
+
+def _env(plan, kind):
+    return [dict(s.env) for h in plan.hosts for s in h.services if s.kind == kind]
+
+
+def _record(plan):
+    for hp in plan.hosts:
+        deployed.write_host(plan, hp, {"dynamo": plan.dynamo_version})
+
+
+def test_every_worker_registers_under_its_generation_and_frontends_discover_all():
+    plan = load_plan(INV, [], facts=False)
+    g = plan.generation
+    assert g.id.startswith("g") and len(g.id) == 9 and g.dynamo_version == "1.6.1"
+    workers = _env(plan, "worker")
+    assert workers and all(e[gen.SUFFIX_ENV] == g.id for e in workers)  # prefill and decode: one namespace
+    # frontends set no namespace: Dynamo's frontend then discovers every namespace (one WorkerSet per generation)
+    assert all(gen.SUFFIX_ENV not in e and "DYN_NAMESPACE" not in e for e in _env(plan, "frontend"))
+
+
+def test_the_generation_follows_what_defines_it_and_only_that():
+    base = load_plan(INV, [], facts=False).generation
+    assert load_plan(INV, ["m3_max_model_len=65536"], facts=False).generation == base  # a flag: same generation
+    for data in (['m3_dynamo_version="1.6.0"'], ['m3_image="nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.0"']):
+        assert load_plan(INV, data, facts=False).generation.id != base.id, data
+
+
+def test_skew_policy_pairs_from_the_catalog():
+    assert gen.skew_allowed("1.6.1", "1.6.1")
+    assert gen.skew_allowed("1.6.1", "1.6.0") and gen.skew_allowed("1.6.0", "1.6.1")
+    assert not gen.skew_allowed("1.6.1", "1.5.0")
+    assert gen.change_problems("1.6.0", "1.6.1", "x") == []
+
+
+def test_a_skew_the_policy_forbids_is_refused_by_validate_and_the_deploy(tmp_path):
+    old = load_plan(INV, ['m3_dynamo_version="1.5.0"'], facts=False)
+    _record(old)
+    new = load_plan(INV, [], facts=False)
+    with pytest.raises(ValidationError) as e:  # what deploy.py's cluster_plan raises before any host
+        deployed.refuse_skew(new)
+    msg = str(e.value)
+    assert "m3_dynamo_version" in msg and "1.5.0" in msg and "1.6.1" in msg and "version_skew" in msg
+    r = CliRunner().invoke(main, ["validate", INV])
+    assert r.exit_code == 2 and "Dynamo 1.5.0" in r.output and "Traceback" not in r.output
+    # an allowed pair passes
+    _record(load_plan(INV, ['m3_dynamo_version="1.6.0"'], facts=False))
+    deployed.refuse_skew(new)
+    assert CliRunner().invoke(main, ["validate", INV]).exit_code == 0
+
+
+def test_diff_deployed_shows_a_generation_change_with_its_order():
+    old = load_plan(INV, ['m3_dynamo_version="1.6.0"'], facts=False)
+    _record(old)
+    new = load_plan(INV, [], facts=False)
+    lines = deployed.diff(new, deployed.load(new.name))
+    head = lines[0]
+    assert head.startswith(f"generation change: {old.generation.id} on ") and new.generation.id in head
+    assert "dynamo 1.6.1" in head
+    order = "\n".join(lines[1:5])
+    assert order.index("frontends restart") < order.index("workers roll") < order.index("verify")
+    assert f"dynamo-{new.generation.id}" in order
+    r = CliRunner().invoke(main, ["plan", INV, "--no-facts", "--diff-deployed"])
+    assert r.exit_code == 1 and "generation change" in r.output
+    # the same generation again: no generation line
+    _record(new)
+    assert not any(x.startswith("generation change") for x in deployed.diff(new, deployed.load(new.name)))
+
+
+def test_the_record_keeps_the_generation_to_roll_back_to():
+    old = load_plan(INV, ['m3_dynamo_version="1.6.0"'], facts=False)
+    _record(old)
+    assert deployed.rollback_data(deployed.load(old.name)) == []  # nothing replaced yet
+    new = load_plan(INV, [], facts=False)
+    _record(new)
+    _record(new)  # a deploy of the same generation keeps what the change replaced
+    back = deployed.rollback_data(deployed.load(new.name))
+    assert "m3_dynamo_version=1.6.0" in back
+    r = CliRunner().invoke(main, ["plan", INV, "--no-facts", "--diff-deployed"])
+    assert r.exit_code == 0 and "--data m3_dynamo_version=1.6.0" in r.output
+    # the roll back it names is the previous generation, and the skew policy allows it
+    again = load_plan(INV, back, facts=False)
+    assert again.generation == old.generation
+    deployed.refuse_skew(again)
+
+
+def test_a_generation_change_keeps_the_previous_venv_and_images_on_the_host():
+    """roles/manifest.py: the leftovers of a generation change are split; the previous venv and images stay, named
+    in the new manifest (teardown removes them; the next deploy of the same generation removes them)."""
+    from m3deploy.deploy import shrink
+
+    old = {"venvs": ["/opt/m3/dynamo-1.6.0"], "images": ["m3deploy/dynamo-mocker:1.6.0-x"],
+           "files": ["/etc/m3/m3-worker@1.env"]}
+    new = {"m3deploy_manifest": 1, "venvs": ["/opt/m3/dynamo-1.6.1"], "images": ["m3deploy/dynamo-mocker:1.6.1-x"],
+           "files": []}
+    gone = shrink.leftovers(old, new)
+    assert gone["venvs"] == ["/opt/m3/dynamo-1.6.0"]
+    now, written = shrink.keep_previous_generation(gone, new)
+    assert now["venvs"] == [] and now["images"] == [] and "/etc/m3/m3-worker@1.env" in now["files"]
+    assert written["venvs"] == ["/opt/m3/dynamo-1.6.1", "/opt/m3/dynamo-1.6.0"]
+    assert written["images"][-1] == "m3deploy/dynamo-mocker:1.6.0-x" and written["m3deploy_manifest"] == 1
+    # the next deploy of the same generation: the previous venv is a leftover again, and goes
+    assert shrink.leftovers(written, new)["venvs"] == ["/opt/m3/dynamo-1.6.0"]
