@@ -1,7 +1,8 @@
 """A bounded load client for the drills: concurrent streaming and non-streaming chat requests through the
 cluster's OpenAI endpoint (the `openai` client on asyncio), counting every request and every failure.
 
-Bounded twice: at most `max_requests` requests and at most `duration_s` seconds; `stop()` ends it early.
+Bounded twice: at most `max_requests` requests and at most `duration_s` seconds; `stop()` ends it early, but not
+before `min_requests` were sent (a drill's floor: the load runs on past the drill until it is reached).
 It runs in its own process (`python3 tests/e2e/load.py URL MODEL ...`, stopped by closing its stdin, stats as
 JSON on stdout; times are time.monotonic(), one clock for every process of the machine): the test process
 imports pyinfra, whose gevent monkey-patching turns threads into greenlets.
@@ -50,8 +51,8 @@ def _reason(e: BaseException) -> str:
 
 class _Runner:
     def __init__(self, base_url: str, model: str, concurrency: int, max_requests: int, duration_s: float,
-                 max_tokens: int, timeout_s: float):
-        self.base_url, self.model = base_url, model
+                 max_tokens: int, timeout_s: float, min_requests: int = 0):
+        self.base_url, self.model, self.min_requests = base_url, model, min_requests
         self.concurrency, self.max_requests, self.duration_s = concurrency, max_requests, duration_s
         self.max_tokens, self.timeout_s = max_tokens, timeout_s
         self.stats = Stats()
@@ -75,7 +76,7 @@ class _Runner:
                 raise ValueError("reply without completion tokens")
 
     async def _worker(self, client, counter, deadline: float) -> None:
-        while not self.stop.is_set() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (self.stop.is_set() and self.stats.sent >= self.min_requests):
             i = next(counter)
             if i >= self.max_requests:
                 return
@@ -128,12 +129,13 @@ def main(argv=None) -> None:
     ap.add_argument("model")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-requests", type=int, default=20000)
+    ap.add_argument("--min-requests", type=int, default=0)
     ap.add_argument("--duration-s", type=float, default=240)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--timeout-s", type=float, default=30)
     ap.add_argument("--ca-file", default="")
     a = ap.parse_args(argv)
-    r = _Runner(a.base_url, a.model, a.concurrency, a.max_requests, a.duration_s, a.max_tokens, a.timeout_s)
+    r = _Runner(a.base_url, a.model, a.concurrency, a.max_requests, a.duration_s, a.max_tokens, a.timeout_s, a.min_requests)
     r.ca_file = a.ca_file
     threading.Thread(target=lambda: (sys.stdin.read(), r.stop.set()), daemon=True).start()
     r.stats.started = time.monotonic()
