@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 
 
 def parse_cli_arg(arg):
@@ -218,14 +218,14 @@ def _refuse_bad_shapes(path: Path, attrs: Mapping[str, Any], groups: Mapping[str
     for g, members in groups.items():
         if isinstance(members, tuple):
             if len(members) != 2 or not isinstance(members[1], dict):
-                problems.append(f"{path}: group `{g}` is a tuple of {len(members)} item(s), "
+                problems.append(f"{path}: group `{g}` is a tuple of {plural(len(members), 'item')}, "
                                 f"{type(members[1]).__name__ if len(members) > 1 else ''} data; {HOST_SHAPE}")
                 continue
             members = members[0]
         for i, m in enumerate(members, 1):
             name, data = (m[0], m[1]) if isinstance(m, tuple) and len(m) == 2 else (m, {})
             if isinstance(m, tuple) and len(m) != 2:
-                why = f"a tuple of {len(m)} item(s)"
+                why = f"a tuple of {plural(len(m), 'item')}"
             elif not isinstance(name, str) or not name.strip():
                 why = f"its name is {name!r} ({type(name).__name__}), not a host name"
             elif not isinstance(data, dict):
