@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from m3deploy.cli.options import detail, hosts_option, inventory_command, json_option, say, unknown_hosts
+from m3deploy.cli.options import detail, hosts_option, inventory_command, json_option, say, unknown_hosts, verbosity
 from m3deploy.core.errors import M3Error, ValidationError, plural
 
 
@@ -32,13 +32,18 @@ def load(inventory: str, data=(), facts: bool = True):
     check or use a deployed cluster (`verify`, `bench`, `preflight`, `artifacts`) do not."""
     from m3deploy.controller import factcache
     from m3deploy.core.build import build
-    from m3deploy.core.inventory import cluster_name, load_inventory
+    from m3deploy.core.inventory import cluster_name, load_inventory, unmatched_group_data
 
     hosts = load_inventory(inventory, override_data=_parse_data(data))
     name = cluster_name(hosts, inventory)
     detail(describe_sources(inventory, hosts, name))
+    for note in unmatched_group_data(inventory) if verbosity() > 0 else ():
+        detail(note)
     cached = factcache.network_facts(name) if facts and factcache.path(name).exists() else {}
-    return hosts, build(hosts, name=inventory, facts=cached)
+    try:
+        return hosts, build(hosts, name=inventory, facts=cached)
+    except ValidationError as e:  # a misnamed group_data file is the likely cause of a missing key: name it
+        raise ValidationError(e.problems + unmatched_group_data(inventory)) from None
 
 
 def describe_sources(inventory: str, hosts, name: str) -> str:
