@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -48,7 +49,9 @@ def load(inventory: str, data=(), facts: bool = True):
 
 def describe_sources(inventory: str, hosts, name: str) -> str:
     """The -v line of every command: the hosts, the files their data came from, the cluster's name."""
-    files = sorted({f for h in hosts for f in h.sources.values()} - {"--data"})
+    here = str(Path.cwd())
+    files = sorted({os.path.relpath(f) if f.startswith(here + os.sep) else f
+                    for h in hosts for f in h.sources.values()} - {"--data"})
     groups = sorted({g for h in hosts for g in h.groups})
     return (f"{inventory}: {plural(len(hosts), 'host')} (groups {', '.join(groups)}), data from "
             f"{', '.join(files) or '-'}{' and --data' if any('--data' in h.sources.values() for h in hosts) else ''}"
