@@ -28,7 +28,7 @@ from m3deploy.check import rollout
 from m3deploy.check.checks import instance_services, metrics_url
 from m3deploy.check.verify import contract
 from m3deploy.core import components, edge
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from m3deploy.core.inputs import url_host
 from m3deploy.deploy import edgefiles, hostfiles
 from roles import cluster_secrets, hostops, lifecycle
@@ -110,7 +110,7 @@ def _drained_restart(cp, s) -> None:
     if on:
         took = _wait_stat(cp, on, name, lambda r: r.get("scur") == "0", "requests still on it",
                           hostfiles.stop_timeout_s(s))
-        host.log(f"{name}: drained at {len(on)} edge(s) in {took:.1f} s")
+        host.log(f"{name}: drained at {plural(len(on), 'edge')} in {took:.1f} s")
         _set_state(cp, name, "maint")
     unit = shlex.quote(s.unit)
     ok, out = run_on(host.name, f"systemctl enable {unit} 2>&1 && systemctl restart {unit} 2>&1")

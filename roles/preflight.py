@@ -17,7 +17,7 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
 from m3deploy.check.preflight import check_host
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from m3deploy.facts import gather_facts
 
 DRIVER_FIXES = {"driver", "reboot", "gpu-driver-loaded"}
@@ -70,7 +70,7 @@ def preflight():
         if job.exception is not None:
             raise job.exception
     if failures:
-        lines = [f"preflight failed on {len(failures)} host(s): {', '.join(sorted(failures))}"]
+        lines = [f"preflight failed on {plural(len(failures), 'host')}: {', '.join(sorted(failures))}"]
         for name, checks in sorted(failures.items()):
             for c in checks:
                 lines.append(f"  {name}: {c.name}: {c.detail}" + (f" -> fix: {c.fix}" if c.fix else ""))

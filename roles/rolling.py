@@ -30,7 +30,7 @@ from m3deploy.check import readiness as _readiness
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, frontend_urls, metrics_url
 from m3deploy.controller.secrets import api_key
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from roles import lifecycle
 from roles.hostops import run_on
 
@@ -138,7 +138,8 @@ def _roll(cp) -> None:
     done: list[int] = []
     if idle:
         _bring_up(cp, idle, {})
-        host.log(f"started {len(idle)} worker(s) that were not running: {', '.join(str(w.index) for w in idle)}")
+        idle_names = ", ".join(str(w.index) for w in idle)
+        host.log(f"started {plural(len(idle), 'worker')} that were not running: {idle_names}")
     for batch in rollout.batches(live, max_unavailable):
         names = ", ".join(f"worker {w.index} ({' + '.join(w.services)})" for w in batch)
         try:

@@ -19,7 +19,7 @@ from pyinfra.operations import python
 from m3deploy.check import checks, readiness, rollout
 from m3deploy.check.verify import contract
 from m3deploy.controller import secrets
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from m3deploy.deploy import context
 from roles import lifecycle
 
@@ -66,7 +66,7 @@ def _serving(cp):
         # replaced worker still listed (issue 12)
         took = rollout.wait_workers(checks.frontend_url(cp, "/health"), heads,
                                     timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
-        host.log(f"the frontend lists all {len(cp.workers)} worker(s) ({took:.1f} s)")
+        host.log(f"the frontend lists all {plural(len(cp.workers), 'worker')} ({took:.1f} s)")
         for model in contract.served_models(cp):  # listed is not routable: the frontend's own readiness
             took = readiness.wait_model_ready(base, model, timeout_s=fe.readiness.timeout_s if fe.readiness else 120)
             host.log(f"{model}: /v1/models/{{model}}/ready ({took:.1f} s)")
@@ -99,7 +99,7 @@ def each_worker_answers(cp, timeout_s: float = 60) -> str:
         if got[key] != wid:
             raise M3Error(f"a request pinned to {key} (instance {wid}) was answered by {got[key]} after {timeout_s} "
                           "s. Fix: m3deploy verify (smoke/routable); journalctl -u m3-frontend and the worker's unit")
-    return f"each of the {len(ids)} worker(s) answered a request routed to it"
+    return f"each of the {plural(len(ids), 'worker')} answered a request routed to it"
 
 
 @deploy("Check the cluster is serving")

@@ -51,7 +51,7 @@ from pyinfra.operations import apt, files, server
 from m3deploy.check import hfcache
 from m3deploy.controller.secrets import require_private
 from m3deploy.core import fanout
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from m3deploy.deploy import context
 from roles import hostops
 
@@ -324,7 +324,8 @@ def _compute_plan(cp, root: str) -> dict:
     pulls = sorted({t.receiver for s in per_repo.values() for rnd in s for t in rnd if t.sender != fanout.CONTROLLER})
     for repo, s in per_repo.items():
         if s:
-            logger.info(f"weights fan-out of {repo} (degree {degree}, {len(s)} round(s)):\n{fanout.describe(s)}")
+            logger.info(f"weights fan-out of {repo} (degree {degree}, {plural(len(s), 'round')}):\n"
+                        f"{fanout.describe(s)}")
     return {"root": root, "per_repo": per_repo, "rounds": rounds, "markers": markers, "repos": repos,
             "senders": senders, "pulls": pulls, "degree": degree}
 

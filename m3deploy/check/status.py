@@ -26,6 +26,7 @@ from m3deploy.check.checks import (
     parse_prometheus,
 )
 from m3deploy.core import monitor
+from m3deploy.core.errors import plural
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan
 
@@ -188,7 +189,7 @@ def _control_direct(plan: ClusterPlan) -> list[ServiceRow]:
                 try:
                     v = json.loads(_try(f"http://{url_host(mon.address)}:{mon.port}/varz") or "{}")
                     routes = len(v.get("cluster", {}).get("urls") or [])
-                    detail = (f"{v.get('connections', '?')} connection(s), {routes} route(s), slow consumers "
+                    detail = (f"{v.get('connections', '?')} connection(s), {plural(routes, 'route')}, slow consumers "
                               f"{v.get('slow_consumers', '?')}")
                 except ValueError:
                     pass

@@ -1,14 +1,16 @@
-"""`m3deploy`: see the plan, validate it, run the testbed, preflight and verify."""
+"""`m3deploy`: see the plan, validate it, deploy it (pyinfra), run the testbed, preflight and verify."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 import click
 
-from m3deploy.core.errors import M3Error, ValidationError
+from m3deploy.cli.options import detail, hosts_option, inventory_command, json_option, say, unknown_hosts, verbosity
+from m3deploy.core.errors import M3Error, ValidationError, plural
 
 
 def _parse_data(items) -> dict:
@@ -31,12 +33,29 @@ def load(inventory: str, data=(), facts: bool = True):
     check or use a deployed cluster (`verify`, `bench`, `preflight`, `artifacts`) do not."""
     from m3deploy.controller import factcache
     from m3deploy.core.build import build
-    from m3deploy.core.inventory import cluster_name, load_inventory
+    from m3deploy.core.inventory import cluster_name, load_inventory, unmatched_group_data
 
     hosts = load_inventory(inventory, override_data=_parse_data(data))
     name = cluster_name(hosts, inventory)
+    detail(describe_sources(inventory, hosts, name))
+    for note in unmatched_group_data(inventory) if verbosity() > 0 else ():
+        detail(note)
     cached = factcache.network_facts(name) if facts and factcache.path(name).exists() else {}
-    return hosts, build(hosts, name=inventory, facts=cached)
+    try:
+        return hosts, build(hosts, name=inventory, facts=cached)
+    except ValidationError as e:  # a misnamed group_data file is the likely cause of a missing key: name it
+        raise ValidationError(e.problems + unmatched_group_data(inventory)) from None
+
+
+def describe_sources(inventory: str, hosts, name: str) -> str:
+    """The -v line of every command: the hosts, the files their data came from, the cluster's name."""
+    here = str(Path.cwd())
+    files = sorted({os.path.relpath(f) if f.startswith(here + os.sep) else f
+                    for h in hosts for f in h.sources.values()} - {"--data"})
+    groups = sorted({g for h in hosts for g in h.groups})
+    return (f"{inventory}: {plural(len(hosts), 'host')} (groups {', '.join(groups)}), data from "
+            f"{', '.join(files) or '-'}{' and --data' if any('--data' in h.sources.values() for h in hosts) else ''}"
+            f"; cluster {name}")
 
 
 def load_plan(inventory: str, data=(), facts: bool = True):
@@ -61,7 +80,7 @@ def output_dir(outdir: str) -> Path:
 
 def fail(e: Exception) -> None:
     if isinstance(e, ValidationError):
-        click.echo(f"invalid cluster plan ({len(e.problems)} problem{'s' if len(e.problems) != 1 else ''}):", err=True)
+        click.echo(f"invalid cluster plan ({plural(len(e.problems), 'problem')}):", err=True)
         for p in e.problems:
             click.echo(f"  - {p}", err=True)
     else:
@@ -73,7 +92,8 @@ class LazyGroup(click.Group):
     """Subcommands living in their own modules are imported only when used (they import pyinfra, which
     costs ~0.3 s; `m3deploy plan` must stay fast)."""
 
-    lazy = {"testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.cli.preflight:preflight",
+    lazy = {"deploy": "m3deploy.cli.deploy:deploy",
+            "testbed": "m3deploy.testbed.cli:testbed", "preflight": "m3deploy.cli.preflight:preflight",
             "verify": "m3deploy.cli.verify:verify", "save-images": "m3deploy.cli.images:save_images",
             "artifacts": "m3deploy.cli.artifacts:artifacts",
             "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render",
@@ -99,38 +119,52 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="m3deploy")
 def main():
-    """Provision, launch and verify MiniMax-M3 on GPU clusters (and on a local testbed)."""
+    """Provision, launch and verify MiniMax-M3 on GPU clusters (and on a local testbed).
+
+    \b
+    Your own cluster (docs/INVENTORY.md), e.g. inventories/mylab.py:
+      m3deploy validate inventories/mylab.py  every problem at once (exit 2)
+      m3deploy plan inventories/mylab.py      what runs where, exact commands
+      m3deploy deploy inventories/mylab.py    = pyinfra -y INVENTORY deploy.py
+      m3deploy verify inventories/mylab.py    the cluster against its plan
+    \b
+    Re-run after a change: the same deploy (it changes only what differs).
+    Tear down:  m3deploy deploy inventories/mylab.py --data m3_state=absent
+    Scale in (hosts taken out of the inventory):
+      m3deploy prune inventories/mylab.py --yes
+
+    Every command that takes an INVENTORY also takes --data KEY=VALUE (repeatable, as pyinfra's), -v and -q."""
 
 
-@main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--host", "only_host", help="Only this host.")
+@main.command(short_help="Print what runs on each host: services, exact commands.")
+@inventory_command
+@hosts_option("Only this host's services (repeatable: --host a --host b shows both).")
 @click.option("--explain", is_flag=True, help="Say which recipe layer set each flag, env var and image.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+@json_option("Print the plan as JSON.")
 @click.option("--no-facts", is_flag=True, help="Ignore the facts `m3deploy preflight` saved for this cluster.")
 @click.option("--diff-deployed", is_flag=True, help="Show what a deploy would change against the deploy record "
               "(~/.config/m3deploy/<cluster>/deployed.json); exit 1 if anything.")
-def plan(inventory, only_host, explain, as_json, data, no_facts, diff_deployed):
+def plan(inventory, hosts, explain, as_json, data, no_facts, diff_deployed):
     """Print, per host, the services and the exact commands they will run.
 
     Networking env of multi-host workers (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, UCX_NET_DEVICES) comes from the
     host facts `m3deploy preflight` last saved, where the recipe or the inventory does not set it."""
     try:
         p = load_plan(inventory, data, facts=not no_facts)
+        bad = unknown_hosts(hosts, [h.name for h in p.hosts])
+        if bad:
+            raise M3Error(bad)
     except M3Error as e:
         fail(e)
-    if only_host and only_host not in {h.name for h in p.hosts}:
-        fail(M3Error(f"host {only_host!r} is not in {inventory}; hosts: {', '.join(h.name for h in p.hosts)}"))
     if diff_deployed:
         from m3deploy.controller import deployed
 
         record = deployed.load(p.name)
         cluster_wide = deployed.generation_change(p, record)  # a generation change: every host's, with its order
         lines = [x for x in deployed.diff(p, record)
-                 if not only_host or x.startswith(f"{only_host}:") or x in cluster_wide]
+                 if not hosts or any(x.startswith(f"{h}:") for h in hosts) or x in cluster_wide]
         for name, entry in sorted((record.get("hosts") or {}).items()):
-            if not only_host or name == only_host:
+            if not hosts or name in hosts:
                 click.echo(f"# {name} runs (recorded {entry.get('at', '?')}): {deployed.describe_running(entry)}")
         back = deployed.rollback_data(record)
         if back:
@@ -140,14 +174,16 @@ def plan(inventory, only_host, explain, as_json, data, no_facts, diff_deployed):
         sys.exit(1 if lines else 0)
     if as_json:
         d = p.to_dict(provenance=explain)
-        if only_host:
-            d["hosts"] = {only_host: d["hosts"][only_host]}
+        if hosts:
+            d["hosts"] = {h: v for h, v in d["hosts"].items() if h in hosts}
         click.echo(json.dumps(d, indent=2, sort_keys=False))
         return
-    click.echo(render_text(p, only_host, explain))
+    click.echo(render_text(p, hosts, explain))
 
 
-def render_text(p, only_host=None, explain=False) -> str:
+def render_text(p, hosts=(), explain=False) -> str:
+    """The plan as text: the cluster's lines, then each host's (only `hosts`, names or one name, where given)."""
+    hosts = (hosts,) if isinstance(hosts, str) else hosts
     out = [f"# cluster {p.name}: MiniMax-M3 {p.variant} ({p.model_id}) on {p.platform}, {p.parallel}, "
            f"engine {p.engine}, serving {p.serving}",
            f"# features: {', '.join(p.features) or '-'}",
@@ -162,9 +198,9 @@ def render_text(p, only_host=None, explain=False) -> str:
     pools = worker_pools(p)  # m3_disagg: each worker's pool
     for w in p.workers:
         out.append(f"# worker {w.index}: {' -> '.join(w.services)} (tp {w.tensor_parallel}, dp {w.data_parallel}, "
-                   f"{w.gpus_per_rank} GPU(s) per rank" + (f", {pools[w.services[0]]} pool)" if pools else ")"))
+                   f"{plural(w.gpus_per_rank, 'GPU')} per rank" + (f", {pools[w.services[0]]} pool)" if pools else ")"))
     for h in p.hosts:
-        if only_host and h.name != only_host:
+        if hosts and h.name not in hosts:
             continue
         gpu = f", {h.gpus} x {h.gpu_model}" if h.gpus else ""
         out.append("")
@@ -217,11 +253,11 @@ def pretty_service(s) -> str:
     return " \\\n    ".join([pretty_command(head), shlex.quote(s.image), pretty_command(s.argv[1:])])
 
 
-@main.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def validate(inventory, data):
-    """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+@main.command(short_help="Check the inventory against every rule; exit 2 if invalid.")
+@inventory_command
+@json_option("Print {inventory, valid, problems, hosts, workers, services} as JSON (exit 2 still when invalid).")
+def validate(inventory, data, as_json):
+    """Check the inventory against every rule; exit 0, or print every problem and exit 2. Changes nothing."""
     from m3deploy.controller import deployed
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems
@@ -235,6 +271,15 @@ def validate(inventory, data):
             api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
         deployed.refuse_skew(p)  # the deploy refuses a version skew before any host: so does validate
     except M3Error as e:
+        if as_json:
+            problems = e.problems if isinstance(e, ValidationError) else [str(e)]
+            click.echo(json.dumps({"inventory": inventory, "valid": False, "problems": problems}, indent=2))
+            sys.exit(2)
         fail(e)
     n = sum(len(h.services) for h in p.hosts)
-    click.echo(f"{inventory}: valid ({len(p.hosts)} hosts, {len(p.workers)} workers, {n} services)")
+    if as_json:
+        click.echo(json.dumps({"inventory": inventory, "valid": True, "problems": [], "cluster": p.name,
+                               "hosts": len(p.hosts), "workers": len(p.workers), "services": n}, indent=2))
+        return
+    say(f"{inventory}: valid ({plural(len(p.hosts), 'host')}, {plural(len(p.workers), 'worker')}, "
+        f"{plural(n, 'service')})")

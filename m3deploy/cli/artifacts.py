@@ -8,20 +8,20 @@ import time
 import click
 
 from m3deploy.cli import fail, load
+from m3deploy.cli.options import inventory_command, say
 from m3deploy.controller import prepare
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 
 
-@click.command("artifacts")
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.command("artifacts", short_help="Build or check the controller artifacts a deploy needs.")
+@inventory_command
 @click.option("--check", "check_only", is_flag=True, help="Only verify what is there; build nothing (exit 1 if "
               "anything is missing or does not verify).")
 @click.option("--from", "source", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Air-gapped controller: build the wheelhouses from this directory of wheels (no index).")
 @click.option("--images", "save_images", is_flag=True, help="Also `docker save` the plan's images into "
               "m3_image_archive_dir (otherwise a missing archive is an error naming m3deploy save-images).")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def artifacts(inventory, check_only, source, save_images, data):
+def artifacts(inventory, data, check_only, source, save_images):
     """Build (once) and verify every controller artifact a deploy of INVENTORY needs: the ai-dynamo wheelhouse
     for each Python and CPU the hosts and engine containers need, the mock model, image archives. Safe to run
     beside a deploy: each artifact is built under a lock and published atomically. A deploy builds the same
@@ -32,11 +32,12 @@ def artifacts(inventory, check_only, source, save_images, data):
     except M3Error as e:
         fail(e)
     if not todo:
-        click.echo(f"{inventory}: the deploy needs no controller artifact")
+        say(f"{inventory}: the deploy needs no controller artifact")
         return
     bad = 0
     for need in todo:
-        hosts_txt = f"{len(need.hosts)} host(s): {', '.join(need.hosts[:4])}{' ...' if len(need.hosts) > 4 else ''}"
+        more = " ..." if len(need.hosts) > 4 else ""
+        hosts_txt = f"{plural(len(need.hosts), 'host')}: {', '.join(need.hosts[:4])}{more}"
         if check_only:
             where, problems = prepare.check(need)
             bad += bool(problems)
@@ -46,13 +47,13 @@ def artifacts(inventory, check_only, source, save_images, data):
             continue
         t0 = time.monotonic()
         try:
-            where = prepare.ensure(need, log=lambda m: click.echo(f"    {m}", err=True), source=source,
+            where = prepare.ensure(need, log=lambda m: say(f"    {m}", err=True), source=source,
                                    save_images=save_images)
         except M3Error as e:
             fail(e)
         click.echo(f"ok  {need.label}\n    {where}  ({time.monotonic() - t0:.1f} s; for {hosts_txt})")
     if bad:
-        click.echo(f"{bad} of {len(todo)} artifact(s) missing or not verified. Fix: m3deploy artifacts {inventory}",
-                   err=True)
+        click.echo(f"{bad} of {plural(len(todo), 'artifact')} missing or not verified. Fix: m3deploy artifacts "
+                   f"{inventory}", err=True)
         sys.exit(1)
 

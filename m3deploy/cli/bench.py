@@ -11,11 +11,12 @@ import click
 
 from m3deploy.check import bench as bench_suite
 from m3deploy.cli import fail, load
+from m3deploy.cli.options import inventory_command
 from m3deploy.core.errors import M3Error
 
 
-@click.command("bench")
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.command("bench", short_help="Benchmark a deployed cluster and write a report.")
+@inventory_command
 @click.option("--profile", type=click.Choice(["seed", "sweep", "custom"]), default="seed", show_default=True,
               help="seed: the seed's workload exactly; sweep: concurrency 1, 2, 4, ... up to --concurrency "
                    f"(default {bench_suite.SWEEP_CAP}); custom: the seed's workload with your flags.")
@@ -35,9 +36,8 @@ from m3deploy.core.errors import M3Error
 @click.option("--timeout", "timeout_s", type=float, help="Seconds to wait for every worker to be routable "
               "(default: the frontend's readiness timeout from the plan).")
 @click.option("--dry-run", is_flag=True, help="Print the commands it would run; send nothing.")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def bench(inventory, profile, input_len, output_len, num_prompts, concurrency, endpoint, client, image, out_dir,
-          compare_dir, timeout_s, dry_run, data):
+def bench(inventory, data, profile, input_len, output_len, num_prompts, concurrency, endpoint, client, image, out_dir,
+          compare_dir, timeout_s, dry_run):
     """Benchmark a deployed cluster (the seed's `vllm bench serve` workload by default) and write a report:
     report.json, report.md, latency.png, workers.png (and sweep.png, compare.png).
 

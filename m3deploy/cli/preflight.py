@@ -1,6 +1,5 @@
-"""`m3deploy preflight INVENTORY [--host H] [--json] [--nccl] [--kv-transfer]`: facts vs plan, changing nothing;
-exit 1 if any
-check failed."""
+"""`m3deploy preflight INVENTORY [--host H ...] [--data KEY=VALUE ...] [--json] [--nccl] [--kv-transfer]`: facts vs
+plan, changing nothing; exit 1 if any check failed."""
 from __future__ import annotations
 
 import json
@@ -8,22 +7,24 @@ import json
 import click
 
 from m3deploy.check.preflight import pyinfra_inventory, render_report, report_json, run_preflight
-from m3deploy.cli import load
+from m3deploy.cli import _parse_data, load
+from m3deploy.cli.options import hosts_option, inventory_command, json_option
 from m3deploy.core.errors import M3Error
 
 
-@click.command("preflight")
-@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only this inventory host (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print checks and facts as JSON.")
+@click.command("preflight", short_help="Check every host's facts against the plan; changes nothing.")
+@inventory_command
+@hosts_option()
+@json_option("Print checks and facts as JSON.")
 @click.option("--nccl", is_flag=True, help="Also run a short NCCL all-reduce across each GPU host's GPUs.")
 @click.option("--kv-transfer", is_flag=True, help="m3_disagg: also run ucx_perftest GPU to GPU between each prefill "
               "and decode host, in the worker image, against the KV bandwidth floor (docs/DISAGG.md).")
-def preflight(inventory: str, hosts: tuple[str, ...], as_json: bool, nccl: bool, kv_transfer: bool) -> None:
+def preflight(inventory: str, data: tuple[str, ...], hosts: tuple[str, ...], as_json: bool, nccl: bool,
+              kv_transfer: bool) -> None:
     """Gather facts from every host and check them against the plan. Changes nothing."""
     try:
-        _, cluster = load(inventory, facts=False)
-        inv = pyinfra_inventory(inventory)
+        _, cluster = load(inventory, data, facts=False)
+        inv = pyinfra_inventory(inventory, _parse_data(data))
         report = run_preflight(inv, cluster, hosts, nccl, kv_transfer)
     except M3Error as e:
         raise click.ClickException(str(e)) from e

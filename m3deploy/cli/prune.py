@@ -1,9 +1,11 @@
-"""`m3deploy prune INVENTORY [--host H ...] [--yes]`: drain and tear down the deployed hosts that the inventory no
-longer names (scale in). Without --yes it only lists them. The decisions and guards: m3deploy.controller.prune."""
+"""`m3deploy prune INVENTORY [--host H ...] [--data KEY=VALUE ...] [--yes | --json]`: drain and tear down the
+deployed hosts that the inventory no longer names (scale in). Without --yes it only lists them. The decisions and
+guards: m3deploy.controller.prune."""
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,7 @@ import urllib.request
 import click
 
 from m3deploy.cli import fail, load
+from m3deploy.cli.options import hosts_option, inventory_command, json_option
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy.hostfiles import REPO
 
@@ -41,13 +44,13 @@ def _still_serving(plan, targets) -> str:
     return f"the frontend lists every planned worker ({len(plan.workers)}) and none of the pruned hosts"
 
 
-@click.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--host", "only", multiple=True, metavar="HOST", help="Only this host (repeatable); default: every "
-              "host in the deploy record that the inventory does not name.")
+@click.command(short_help="Drain and tear down hosts taken out of the inventory.")
+@inventory_command
+@hosts_option("Only this host (repeatable); default: every host in the deploy record that the inventory does not "
+              "name.")
 @click.option("--yes", is_flag=True, help="Do it: drain, tear down by each host's manifest, drop it from the record.")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def prune(inventory, only, yes, data):
+@json_option("Print the candidates as JSON (without --yes).")
+def prune(inventory, data, hosts, yes, as_json):
     """Drain and tear down hosts that are in the deploy record but no longer in the inventory.
 
     A plain deploy never removes a host (it warns and names this command), so an inventory with a host left out by
@@ -57,10 +60,18 @@ def prune(inventory, only, yes, data):
     from m3deploy.controller import prune as pr
 
     try:
+        if as_json and yes:
+            raise M3Error("--json lists the candidates and changes nothing. Fix: --json without --yes, or --yes "
+                          "without --json")
         inv, plan = load(inventory, data, facts=False)
-        targets = pr.plan(plan, deployed.load(plan.name), inv, only)
+        targets = pr.plan(plan, deployed.load(plan.name), inv, hosts)
     except M3Error as e:
         fail(e)
+        return
+    if as_json:
+        click.echo(json.dumps({"cluster": plan.name, "changed": False, "candidates": [
+            {"host": t.name, "address": t.connect["ssh_hostname"], "recorded": t.at, "services": list(t.services)}
+            for t in targets]}, indent=2))
         return
     if not targets:
         click.echo(f"{plan.name}: every host in the deploy record is in the inventory, nothing to prune")
@@ -70,7 +81,8 @@ def prune(inventory, only, yes, data):
                    "then remove what its /etc/m3/manifest.json names (units, files, directories, venvs, caches, "
                    "packages, users), then drop it from the deploy record")
     if not yes:
-        click.echo(f"nothing was changed; to do it: m3deploy prune {inventory} "
+        click.echo(f"nothing was changed; to do it: m3deploy prune {shlex.quote(inventory)} "
+                   + "".join(f"--data {shlex.quote(d)} " for d in data)
                    + " ".join(f"--host {t.name}" for t in targets) + " --yes")
         return
     with tempfile.TemporaryDirectory(prefix="m3deploy-prune-") as tmp:

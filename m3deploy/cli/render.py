@@ -1,6 +1,6 @@
-"""`m3deploy render INVENTORY OUTDIR [--host H] [--data KEY=VALUE]`: every file the deploy would write on each
-host, written under OUTDIR/<host>/<absolute path>, with OUTDIR/<host>.json indexing them (path, mode, owner,
-sha256; no digest of a secret file). Offline: no host is contacted, no secret is read or made (secret values
+"""`m3deploy render INVENTORY OUTDIR [--host H ...] [--data KEY=VALUE ...] [--json]`: every file the deploy would
+write on each host, written under OUTDIR/<host>/<absolute path>, with OUTDIR/<host>.json indexing them (path, mode,
+owner, sha256; no digest of a secret file). Offline: no host is contacted, no secret is read or made (secret values
 are masked `KEY=<secret: NAME>`). The text comes from m3deploy.deploy.hostfiles, which the roles ship."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 from m3deploy.cli import fail, load_plan, output_dir
-from m3deploy.core.errors import M3Error
+from m3deploy.cli.options import hosts_option, inventory_command, json_option, say, unknown_hosts
+from m3deploy.core.errors import M3Error, plural
 
 
 def _safe_name(name: str) -> bool:
@@ -25,10 +26,9 @@ def render_hosts(plan, only=()) -> dict[str, list]:
     from m3deploy.deploy.hostfiles import host_files
 
     names = [h.name for h in plan.hosts]
-    unknown = [h for h in only if h not in names]
-    if unknown:
-        raise M3Error(f"host(s) {', '.join(unknown)} not in the inventory; hosts: {', '.join(names)}. "
-                      "Fix: --host one of those")
+    bad = unknown_hosts(only, names)
+    if bad:
+        raise M3Error(bad)
     out = {}
     for hp in plan.hosts:
         if only and hp.name not in only:
@@ -68,13 +68,13 @@ def write_render(outdir: Path, cluster: str, rendered: dict[str, list]) -> int:
     return n
 
 
-@click.command("render")
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.command("render", short_help="Write every file the deploy would write; contacts no host.")
+@inventory_command
 @click.argument("outdir", type=click.Path(file_okay=False))
-@click.option("--host", "hosts", multiple=True, help="Only this inventory host (repeatable).")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
+@hosts_option()
+@json_option("Print what was written as JSON ({host: [{path, mode, owner, group, sha256...}]}).")
 @click.option("--no-facts", is_flag=True, help="Ignore the facts `m3deploy preflight` saved for this cluster.")
-def render(inventory, outdir, hosts, data, no_facts):
+def render(inventory, data, outdir, hosts, as_json, no_facts):
     """Write every file the deploy would write on each host into OUTDIR/<host>/, secrets masked. Contacts no host.
 
     Review it, or `diff -r` two renders (before and after an inventory change)."""
@@ -84,5 +84,9 @@ def render(inventory, outdir, hosts, data, no_facts):
         n = write_render(output_dir(outdir), plan.name, rendered)
     except M3Error as e:
         fail(e)
-    click.echo(f"{inventory}: {n} files of {len(rendered)} host(s) written under {outdir}/<host>/ "
-               f"(index {outdir}/<host>.json; secret values masked)")
+    if as_json:
+        index = {h: [f.index() for f in files] for h, files in rendered.items()}
+        click.echo(json.dumps({"outdir": outdir, "hosts": index}, indent=2))
+        return
+    say(f"{inventory}: {plural(n, 'file')} of {plural(len(rendered), 'host')} written under {outdir}/<host>/ "
+        f"(index {outdir}/<host>.json; secret values masked)")

@@ -8,18 +8,18 @@ import click
 
 from m3deploy.check import verify as verify_suite
 from m3deploy.cli import fail, load
+from m3deploy.cli.options import inventory_command, json_option
 from m3deploy.core.errors import M3Error
 
 
-@click.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.command(short_help="Check a deployed cluster against its plan; exit 1 on a failure.")
+@inventory_command
 @click.option("--host", "only_host", help="Only this host's units, ports, files and health (smoke still runs).")
 @click.option("--skip-smoke", is_flag=True, help="No requests through the frontend.")
 @click.option("--report", "report", type=click.Path(dir_okay=False), help="Also write the report to FILE "
               "(JSON with --json, else text).")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results (JSON) instead of the table.")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def verify(inventory, only_host, skip_smoke, report, as_json, data):
+@json_option("Print machine-readable results (JSON) instead of the table.")
+def verify(inventory, data, only_host, skip_smoke, report, as_json):
     """Check a deployed cluster against its plan: units, ports, file modes, health, smoke requests.
 
     Exit status: 0 when every check passed, 1 when any failed, 2 when the plan cannot be built."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from m3deploy.core import catalog, layout, settings
+from m3deploy.core.errors import plural
 from m3deploy.core.model import Port
 
 POOLS = ("prefill", "decode")
@@ -152,8 +153,8 @@ def _fit_problems(s: Mapping[str, Any], workers: Sequence[Any]) -> list[str]:
                        f"host). Fix: a multiple of {lay.per_host} workers")
         elif len(pools[pool]) != need:
             named = [h.name for h in pools[pool] if settings.get(h.data, "m3_disagg_role") == pool]
-            out.append(f"key m3_disagg: the {pool} pool needs {need} host(s) ({n} x {parallel_name(s, pool)} on "
-                       f"{gpus}-GPU hosts) but has {len(pools[pool])}"
+            out.append(f"key m3_disagg: the {pool} pool needs {plural(need, 'host')} ({n} x {parallel_name(s, pool)} "
+                       f"on {gpus}-GPU hosts) but has {len(pools[pool])}"
                        + (f" ({', '.join(named)} set m3_disagg_role = '{pool}')" if named else "")
                        + ". Fix: change the pool's workers, or add/move worker hosts")
         out += _memory_problem(s, workers[0].data, pool, lay.size)

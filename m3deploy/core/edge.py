@@ -6,7 +6,8 @@ Pure plan data, no I/O. With m3_edge the plan gives each control host
   another serves (a single frontend restart failed 54-64 requests under load: issue 25);
 - one `m3-edge` service: `haproxy -Ws` (master-worker: a reload is hitless) with /etc/m3/haproxy.cfg, listening
   with TLS on the host's cluster address and m3_edge_port, every frontend of the cluster as a backend (health
-  check on each frontend's /health listing a `generate` instance; retries and redispatch on a failed connection);
+  check on each frontend's /health listing a `generate` instance and /v1/models/{model}/ready; retries and
+  redispatch on a failed connection, a 404 or a 503, each request buffered whole first);
   its runtime API on a root-only unix socket (EDGE_SOCKET) for the drains (roles/edge.py).
 The plan's endpoint becomes `https://<first control host>:<m3_edge_port>/v1`, or with m3_vip
 `https://<m3_vip>:<m3_edge_port>/v1` (keepalived moves that address between the control hosts: m3deploy.core.vip;

@@ -12,3 +12,9 @@ class ValidationError(M3Error):
         self.problems = list(problems)
         super().__init__("\n".join(f"- {p}" for p in self.problems))
 
+
+
+def plural(n: int, word: str, many: str = "") -> str:
+    """A count and its noun, for every message that counts: '1 host', '2 hosts', '0 hosts'; `many` where the plural
+    is not word + 's' ('1 process', '2 processes')."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 
 
 def parse_cli_arg(arg):
@@ -142,8 +142,7 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     if file_group not in groups:
         groups[file_group] = list(all_hosts)
 
-    gsources: dict[str, dict] = {}
-    gdata = _group_data(group_data_dirs(path, Path(cwd or os.getcwd()), group_data_directories), gsources)
+    gdata, gsources = _read_group_data(path, groups, cwd, group_data_directories, override_data)
     inv = str(path)
     resolved: dict[str, tuple[list, dict]] = {}
     src: dict[str, dict] = {}
@@ -190,6 +189,89 @@ def _load(path, override_data=None, cwd=None, group_data_directories=None):
     return out
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "inventories"  # the checkout's own (beside m3deploy/)
+
+
+def _read_group_data(path: Path, groups, cwd, extra, override_data) -> tuple[dict[str, dict], dict[str, dict]]:
+    """({group: data}, {group: {key: file}}) of every group_data file pyinfra reads for `path`; a borrowed
+    m3_cluster refused (unless --data sets it)."""
+    gsources: dict[str, dict] = {}
+    gdirs = group_data_dirs(path, Path(cwd or os.getcwd()), extra)
+    gdata = _group_data(gdirs, gsources)
+    if "m3_cluster" not in (override_data or {}):
+        _refuse_borrowed_cluster_name(path, set(groups) | {"all"}, gdata, gsources, gdirs)
+    return gdata, gsources
+
+
+def _inventory_stems(path: Path, gdirs: list[Path]) -> dict[str, Path]:
+    """{name: file} of the inventory files beside `path`, in the inventories/ beside each group_data directory (the
+    repository's layout: the shipped inventories and the user's own), and m3deploy's shipped ones (SHIPPED)."""
+    out: dict[str, Path] = {}
+    for d in [path.resolve().parent] + [g.resolve().parent / "inventories" for g in gdirs] + [SHIPPED]:
+        if d.is_dir():
+            for f in sorted(d.glob("*.py")):
+                out.setdefault(file_group_name(f), f)
+    return out
+
+
+def _refuse_borrowed_cluster_name(path: Path, groups: set[str], gdata: Mapping[str, dict],
+                                  gsources: Mapping[str, dict], gdirs: list[Path]) -> None:
+    """A group_data file of this inventory (its own groups, `all`) whose m3_cluster names another inventory's
+    cluster: a copy of group_data/h200.py as group_data/mylab.py keeps `m3_cluster = "h200"`, and the cluster's name
+    keys the controller's secrets store, CA and deploy record, so the two clusters would share them (and each would
+    offer the other's hosts to `m3deploy prune`)."""
+    own = file_group_name(path)
+    owner: dict[str, str] = {}  # cluster name -> the inventory it belongs to
+    for stem in _inventory_stems(path, gdirs):
+        if stem != own:
+            owner[stem] = stem
+            if "m3_cluster" in gdata.get(stem, {}):
+                owner[str(gdata[stem]["m3_cluster"])] = stem
+    for g in sorted(groups):
+        if "m3_cluster" not in gsources.get(g, {}):
+            continue
+        value, where = str(gdata[g]["m3_cluster"]), gsources[g]["m3_cluster"]
+        other = owner.get(value)
+        if other and other != own and value != own:
+            raise M3Error(
+                f"{where}: key m3_cluster = {value!r} is the name of inventory {other}'s cluster, not of {path} "
+                f"(a copy of group_data/{other}.py?). The name keys the controller's secrets, CA and deploy record "
+                f"(<M3DEPLOY_CONFIG>/<name>/): the two clusters would share them. Fix: remove that line from {where} "
+                f"(the cluster is then named {own!r}, after its file) or set m3_cluster = {own!r}")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The names an inventory file assigns at its top level (its groups among them), read without running it."""
+    try:
+        tree = ast.parse(_source(path))
+    except (SyntaxError, M3Error):
+        return set()
+    return {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(t, ast.Name) and not t.id.startswith("_")}
+
+
+def unmatched_group_data(path: str | os.PathLike, cwd: str | None = None) -> list[str]:
+    """A note for each group_data file this inventory reads none of: its name is no group of the inventory (its
+    own, the file's name, `all`) nor any inventory's beside it (group_data/h200.py is inventories/h200.py's,
+    group_data/control.py the `control` group's of the inventories that have one). Such a
+    file is ignored silently by pyinfra; a validation error names it, since its keys are likely the missing ones."""
+    path = Path(path)
+    gdirs = group_data_dirs(path, Path(cwd or os.getcwd()), [str(path.resolve().parent.parent / "group_data")])
+    groups = {k for k, v in _exec(path).items() if _is_group(k, v)} | {file_group_name(path), "all"}
+    others = _inventory_stems(path, gdirs)
+    known = groups | set(others) | {n for f in others.values() for n in _top_level_names(f)}
+    seen, out = set(), []
+    for d in gdirs:
+        for f in sorted(d.glob("*.py")) if d.is_dir() else []:
+            if f.stem not in known and f.resolve() not in seen:
+                seen.add(f.resolve())
+                out.append(f"note: {f} matches no group of {path} ({', '.join(sorted(groups))}), so none of its "
+                           f"keys apply. Fix: name it after the group it is for, e.g. "
+                           f"{f.parent / (file_group_name(path) + '.py')} for every host of {path}")
+    return out
+
+
 def _all_group(groups: dict[str, Any]) -> tuple[list, dict[str, Any]]:
     """pyinfra's `all` group (taken out of `groups`): the inventory's own, with its data, else every host of every
     group in order."""
@@ -218,14 +300,14 @@ def _refuse_bad_shapes(path: Path, attrs: Mapping[str, Any], groups: Mapping[str
     for g, members in groups.items():
         if isinstance(members, tuple):
             if len(members) != 2 or not isinstance(members[1], dict):
-                problems.append(f"{path}: group `{g}` is a tuple of {len(members)} item(s), "
+                problems.append(f"{path}: group `{g}` is a tuple of {plural(len(members), 'item')}, "
                                 f"{type(members[1]).__name__ if len(members) > 1 else ''} data; {HOST_SHAPE}")
                 continue
             members = members[0]
         for i, m in enumerate(members, 1):
             name, data = (m[0], m[1]) if isinstance(m, tuple) and len(m) == 2 else (m, {})
             if isinstance(m, tuple) and len(m) != 2:
-                why = f"a tuple of {len(m)} item(s)"
+                why = f"a tuple of {plural(len(m), 'item')}"
             elif not isinstance(name, str) or not name.strip():
                 why = f"its name is {name!r} ({type(name).__name__}), not a host name"
             elif not isinstance(data, dict):

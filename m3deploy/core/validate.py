@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from m3deploy.core import catalog, fanout, inputs, layout, mpi, recipes
+from m3deploy.core.errors import plural
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
 
@@ -418,8 +419,10 @@ def worker_layout(c: Cluster, add: Add) -> None:
             f"{g * max(1, size // g)} or {g * (size // g + 1)}")
     elif len(workers) % lay.span:
         span = lay.span
-        add(f"group workers: {len(workers)} hosts do not divide into whole {mode} workers of {span} hosts "
-            f"({g} GPUs each). Fix: use a multiple of {span} hosts, or a smaller m3_parallel")
+        n = len(workers)
+        add(f"group workers: {plural(n, 'host')} {'does' if n == 1 else 'do'} not divide into whole {mode} workers "
+            f"of {plural(span, 'host')} ({plural(g, 'GPU')} each). Fix: use a multiple of {span} hosts, or a smaller "
+            "m3_parallel")
     else:
         for i, grp in enumerate(lay.groups(workers)):
             kinds = {c.plat_of[h.name] for h in grp}

@@ -19,6 +19,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
+from m3deploy.core.errors import plural
 from m3deploy.core.model import Service
 from m3deploy.core.provenance import launch_provenance, provenance
 
@@ -83,9 +84,9 @@ def problems(s: Mapping[str, Any], control: Mapping[str, str], hosts: Mapping[st
         out.append("key m3_vip: the address is the edge's (HAProxy on the control hosts). Fix: m3_edge = true with "
                    "m3_serving = 'dynamo', or remove m3_vip")
     if len(control) < 2:
-        out.append(f"key m3_vip: {len(control)} control host(s): nothing to move the address to (one host's own "
-                   "address is the endpoint already). Fix: 3 hosts in `control` (docs/OPERATIONS.md \"HA control "
-                   "plane\"), or remove m3_vip")
+        out.append(f"key m3_vip: {plural(len(control), 'control host')}: nothing to move the address to (one "
+                   "host's own address is the endpoint already). Fix: 3 hosts in `control` (docs/OPERATIONS.md "
+                   "\"HA control plane\"), or remove m3_vip")
     try:
         iface = ipaddress.IPv4Interface(str(raw).strip())
     except ValueError:

@@ -13,7 +13,8 @@ from pyinfra_cli.exceptions import CliError
 
 from m3deploy.controller import deployed
 from m3deploy.core import build as planmod
-from m3deploy.core.inventory import InvHost
+from m3deploy.core.errors import ValidationError
+from m3deploy.core.inventory import InvHost, unmatched_group_data
 from m3deploy.core.model import ClusterPlan, HostPlan
 from m3deploy.deploy import factbatch, pyinfra_speed
 
@@ -86,7 +87,11 @@ def cluster_plan() -> ClusterPlan:
         cached = getattr(state, _CACHE_ATTR, None)
         if cached is None:
             hosts = hosts_from_pyinfra(state.inventory)
-            cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
+            try:
+                cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
+            except ValidationError as e:  # a misnamed group_data file is the likely cause of a missing key: name it
+                raise ValidationError(e.problems + (unmatched_group_data(inventory_file()) if inventory_file()
+                                                    else [])) from None
             deployed.refuse_skew(cached)  # a version skew catalog.yaml forbids: ValidationError, before any host
             if cached.state != "absent":
                 _prepare_controller(cached)

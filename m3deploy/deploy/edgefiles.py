@@ -9,10 +9,9 @@ HAProxy's master reads them as root at start and at every reload, before its wor
 """
 from __future__ import annotations
 
-import re
+import urllib.parse
 
 from m3deploy.core import components, edge
-from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Service
 from m3deploy.deploy.hostfile import HostFile, package_mask, unit_path
@@ -43,15 +42,18 @@ def binds(s: Service) -> list[str]:
     return [f"{url_host(p.address)}:{p.port}" + (" transparent" if p.name == edge.VIP_PORT else "") for p in s.ports]
 
 
+def ready_uri(model: str) -> str:
+    """The frontend's readiness route of `model` (Dynamo 1.6.1: `{"model": ..., "ready": true, ...}` once it can
+    route it; check.readiness.model_ready asks the same), the edge's health check."""
+    return f"/v1/models/{urllib.parse.quote(model, safe='')}/ready"
+
+
 def config(cp: ClusterPlan, s: Service) -> HostFile:
-    if not re.fullmatch(r"[A-Za-z0-9._/:@+-]+", cp.served_model_name):
-        raise M3Error(f"the edge's health check matches the served model name in /v1/models: "
-                      f"{cp.served_model_name!r} holds characters it does not match literally. Fix: "
-                      "m3_served_model_name of letters, digits and . _ / : @ + -")
     text = render("haproxy.cfg.j2", cluster=cp.name, socket=edge.EDGE_SOCKET, pem=edge.EDGE_PEM,
                   keys=edge.EDGE_KEYS, keys_required=keys_required(cp), frontend=edge.FRONTEND, binds=binds(s),
                   backend=edge.BACKEND, servers=servers(cp), connect_ms=CONNECT_MS, retries=RETRIES,
-                  check_ms=CHECK_MS, model=cp.served_model_name)
+                  check_ms=CHECK_MS, model=cp.served_model_name,
+                  ready_uri=ready_uri(cp.served_model_name))
     return HostFile(edge.EDGE_CONF, text)
 
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 
 from . import config, core
 
@@ -25,7 +25,7 @@ def _fail(exc: M3Error) -> None:
     sys.exit(1)
 
 
-@click.group(name="testbed")
+@click.group(name="testbed", short_help="A local testbed of systemd hosts over SSH (needs root).")
 def testbed():
     """Local testbed of systemd hosts over SSH (like `kind`, for bare metal). Needs root."""
 
@@ -51,7 +51,7 @@ def up(n, name, subnet, install_deps, timeout, docker, net_admin):
         _fail(exc)
 
 
-@testbed.command()
+@testbed.command(short_help="Remove every trace of the testbed.")
 @NAME_OPT
 @click.option("--purge-cache", is_flag=True, help="Also delete the cached host image and apt cache.")
 def down(name, purge_cache):
@@ -92,12 +92,13 @@ def status(name, as_json):
     con.print(f"ssh -F {st['ssh_config']} {st['hosts'][0]['name']}" if st["hosts"] else "")
     bad = [h for h in st["hosts"] if not (h["process"] and h["sshd"])]
     if bad:
-        con.print(f"[red]{len(bad)} host(s) down[/]: run `m3deploy testbed up {len(st['hosts'])} "
+        con.print(f"[red]{plural(len(bad), 'host')} down[/]: run `m3deploy testbed up {len(st['hosts'])} "
                   f"--name {name}` to restart them")
         sys.exit(1)
 
 
-@testbed.command(context_settings={"ignore_unknown_options": True})
+@testbed.command(context_settings={"ignore_unknown_options": True},
+                 short_help="SSH into a testbed host, or run COMMAND there.")
 @NAME_OPT
 @click.argument("host")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

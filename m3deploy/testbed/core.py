@@ -22,7 +22,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 
 from . import config
 from . import image as testbed_image
@@ -209,7 +209,7 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
     preflight(install_deps, log=say)
     p = config.Paths(name)
     with locked(f"up {n} --name {name}"):
-        say(f"testbed {name}: want {n} host(s)")
+        say(f"testbed {name}: want {plural(n, 'host')}")
         try:
             old = load_state(name)
         except M3Error:
@@ -287,7 +287,7 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
                 changes.append(f"host {host}")
             hosts.append(h)
         if launched:
-            say(f"booting {len(launched)} host(s): {', '.join(h['name'] for h in launched)}")
+            say(f"booting {plural(len(launched), 'host')}: {', '.join(h['name'] for h in launched)}")
 
         # Wait for each host: its own SSH host key on its disk, then sshd answering on its address.
         pending = {h["name"]: h for h in hosts}
@@ -311,7 +311,7 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
             if pending:
                 time.sleep(0.05)
         if launched:
-            say(f"{len(launched)} host(s) up, sshd answering")
+            say(f"{plural(len(launched), 'host')} up, sshd answering")
 
         known = config.render_known_hosts(hosts)
         cfg = config.render_ssh_config(name, hosts, p.key, p.known_hosts, p.control_dir)
@@ -341,11 +341,11 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
         if old != state:
             _save_state(state)
         if changes:
-            say(f"testbed {name}: {len(hosts)} host(s) up ({', '.join(h['address'] for h in hosts[:3])}"
+            say(f"testbed {name}: {plural(len(hosts), 'host')} up ({', '.join(h['address'] for h in hosts[:3])}"
                 f"{', ...' if len(hosts) > 3 else ''}); ssh -F {p.ssh_config} {hosts[0]['name']}")
         else:
             extra = f" (has {len(hosts)} > {n}; `down` first to shrink)" if len(hosts) > n else ""
-            say(f"testbed {name}: no change, {len(hosts)} host(s) up{extra}")
+            say(f"testbed {name}: no change, {plural(len(hosts), 'host')} up{extra}")
         state["changed"] = bool(changes)
         return state
 
@@ -386,13 +386,13 @@ def down(name: str = config.DEFAULT_NAME, purge_cache: bool = False, log=print) 
             if h.get("pid") and "systemd-nspawn" in " ".join(_cmdline(h["pid"])[:1]):
                 nspawn.add(h["pid"])
         if nspawn:
-            say(f"stopping {len(nspawn)} host(s)")
+            say(f"stopping {plural(len(nspawn), 'host')}")
             _kill(nspawn, signal.SIGTERM)
             left = _wait_gone(nspawn, 15)
             if left:
-                say(f"{len(left)} host(s) did not power off in 15 s: killing")
+                say(f"{plural(len(left), 'host')} did not power off in 15 s: killing")
                 _kill(left, signal.SIGKILL)
-            removed.append(f"{len(nspawn)} host(s)")
+            removed.append(f"{plural(len(nspawn), 'host')}")
         for _ in range(3):
             stray = _cgroup_pids(name)
             if not stray:

@@ -12,7 +12,7 @@ the cluster CA, the file's keys. In file order:
 3. a planned restart of both frontends (their files touched, then the deploy re-run: roles/edge.py drains each
    at the edge, restarts it, waits until it lists every worker, puts it back) under load fails 0 requests;
 4. a key rotation by re-runs (file [A] -> [B, A] -> [B]) under load fails 0 requests; then A gets 401, B 200;
-5. an unplanned `systemctl restart m3-frontend` (not drained) fails at most the requests in flight on it.
+5. an unplanned `systemctl restart m3-frontend` (not drained), three times, fails 0 requests.
 The figures go to benchmarks/results/edge-<UTC start>.md. M3_E2E_KEEP=1 keeps the testbed.
 """
 from __future__ import annotations
@@ -188,15 +188,20 @@ def test_key_rotation_by_rerun_under_load_fails_nothing(cluster):
                                 "--no-pager -o cat | tail -200")
 
 
-def test_unplanned_frontend_restart_fails_at_most_the_requests_in_flight(cluster):
-    """`systemctl restart m3-frontend` by hand (not drained): the requests on that frontend when it stops may fail
-    (at most the load's 4 concurrent ones); new requests go to the other frontend (health check, retries)."""
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_unplanned_frontend_restart_fails_nothing(cluster, attempt):
+    """`systemctl restart m3-frontend` by hand (not drained), three times: 0 failed requests. The edge keeps the
+    frontend out until `/v1/models/{model}/ready` says it can route the model (it answers 404 "model not found"
+    before it has discovered the workers, while /v1/models may already list the model), and a request it answers
+    404 or 503, or drops, is retried on the other frontend (`retry-on`, `option redispatch`), its body buffered
+    first (`option http-buffer-request`: without it a body that reached HAProxy after the headers made the 404
+    final, issue 36)."""
     p, ca = cluster
     ctl = p.group("control")[0].name
     stats, took = under_load(p, ca, CURRENT["key"], lambda: on(ctl, "systemctl restart m3-frontend"), settle_s=8.0)
-    _record("unplanned `systemctl restart m3-frontend` behind the edge", stats, took,
-            "not drained: only the requests on it when it stopped can fail")
-    assert stats.failed <= 4, stats.summary()
+    _record(f"unplanned `systemctl restart m3-frontend` behind the edge ({attempt} of 3)", stats, took,
+            "not drained: back once its readiness route says ready")
+    assert stats.failed == 0, stats.summary()
 
 
 def test_a_rerun_without_change_changes_nothing(cluster):

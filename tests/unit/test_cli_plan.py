@@ -74,7 +74,7 @@ def test_plan_host_filter_and_unknown_host():
     assert "## gb200-r01-t02" in r.output and "## gb200-ctl-01" not in r.output
     assert "--headless" in r.output and "--node-rank 1" in r.output
     r = run("plan", "inventories/gb200.py", "--host", "nope")
-    assert r.exit_code == 2 and "'nope' is not in" in r.output
+    assert r.exit_code == 2 and "--host nope: not in the inventory" in r.output
 
 
 def test_plan_explain_names_layers():

@@ -52,7 +52,7 @@ def test_too_few_gpus_wrong_model_and_old_driver():
     facts = device_facts("h200x1")
     facts["driver"]["version"] = "570.124.06"
     checks = by_name(check_host(h200(gpus=8, gpu_model="NVIDIA B200"), facts))
-    assert not checks["gpu-count"].ok and "1 GPU(s) found, plan needs 8" in checks["gpu-count"].detail
+    assert not checks["gpu-count"].ok and "1 GPU found, plan needs 8" in checks["gpu-count"].detail
     assert not checks["gpu-model"].ok and checks["gpu-model"].fix
     assert not checks["driver"].ok and "580" in checks["driver"].fix
 

@@ -102,7 +102,7 @@ def test_router_id_can_be_set_and_the_manifest_removes_keepalived():
     ({"m3_vip": "10.0.0.2/24"}, 3, "key m3_vip: 10.0.0.2 is host ctl1's own address"),
     ({"m3_vip": "10.0.0.21/24"}, 3, "key m3_vip: 10.0.0.21 is host w1's own address"),
     ({"m3_vip": "10.0.0.255/24"}, 3, "key m3_vip: 10.0.0.255 is the broadcast address of 10.0.0.0/24"),
-    ({}, 1, "key m3_vip: 1 control host(s): nothing to move the address to"),
+    ({}, 1, "key m3_vip: 1 control host: nothing to move the address to"),
     ({"m3_edge": False}, 3, "key m3_vip: the address is the edge's"),
     ({"m3_vip": None, "m3_vip_router_id": 9}, 3, "key m3_vip_router_id: only with m3_vip"),
     ({"m3_vip_router_id": 256}, 3, "m3_vip_router_id"),

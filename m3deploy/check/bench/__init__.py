@@ -34,7 +34,7 @@ from typing import Any, Callable
 from m3deploy.check.bench import report as benchreport
 from m3deploy.check.bench import serverview
 from m3deploy.core.build import API_KEY_SECRET
-from m3deploy.core.errors import M3Error
+from m3deploy.core.errors import M3Error, plural
 from m3deploy.core.model import ClusterPlan, HostPlan, Service
 
 # The seed's benchmark, verbatim (SEED.md): `--profile seed` is exactly this workload.
@@ -358,9 +358,9 @@ def run(plan: ClusterPlan, inventory, profile: str, w: Workload, out: Path, clie
     try:
         out.mkdir(parents=True, exist_ok=True)
         wait_s = timeout_s if timeout_s is not None else gate_timeout(plan)
-        with console.status(f"waiting until all {len(plan.workers)} worker(s) of {plan.name} are routable"):
+        with console.status(f"waiting until all {plural(len(plan.workers), 'worker')} of {plan.name} are routable"):
             gate = wait_routable(plan, ctx, wait_s, on_wait=lambda m: console.log(m))
-        console.log(f"routable: {len(plan.workers)} of {len(plan.workers)} worker(s) listed, requests answered")
+        console.log(f"routable: {len(plan.workers)} of {plural(len(plan.workers), 'worker')} listed, requests answered")
         tokenizer = ""
         if client == "aiperf":
             tokenizer = _tokenizer(plan)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from m3deploy.check.bench import serverview
+from m3deploy.core.errors import plural
 
 PCTS = (50, 90, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms")
@@ -393,7 +394,7 @@ def plot_sweep(runs: list[dict[str, Any]], gpus: int, path: Path, title: str) ->
     # TPOT p50 = 0: most requests got every token in the first read; their interactivity is not measurable
     unplotted = [str(r["concurrency"]) for r in runs if not r["tpot_ms"]["p50"] > 0]
     b.set_xlabel("interactivity: 1 / TPOT p50 (tokens/s per user)")
-    b.set_ylabel(f"output tokens/s per GPU ({gpus} GPU(s))")
+    b.set_ylabel(f"output tokens/s per GPU ({plural(gpus, 'GPU')})")
     b.set_title("throughput per GPU vs interactivity"
                 + (f"\n(not plotted, TPOT p50 = 0: c={', '.join(unplotted)})" if unplotted else ""))
     fig.suptitle(title)

@@ -29,6 +29,7 @@ NCCL_PASSTHROUGH_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", 
 
 
 from m3deploy.check.preflight.result import Check  # noqa: E402  (the one result type of every check)
+from m3deploy.core.errors import plural  # noqa: E402
 from m3deploy.core.netenv import env_from_facts  # noqa: E402,F401  (public here too)
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ def _gpu_checks(hp: HostPlan, facts: dict) -> list[Check]:
 
     count_ok = len(gpus) >= hp.gpus
     extra = f" (plan uses {hp.gpus})" if len(gpus) > hp.gpus else ""
-    out.append(Check("gpu-count", count_ok, f"{len(gpus)} GPU(s) found, plan needs {hp.gpus}{extra}",
+    out.append(Check("gpu-count", count_ok, f"{plural(len(gpus), 'GPU')} found, plan needs {hp.gpus}{extra}",
                      "" if count_ok else "check the GPUs are seated and visible (nvidia-smi / amd-smi list), "
                      "or lower the host's GPU count in the inventory"))
 
@@ -274,9 +275,9 @@ def run_nccl_check(host, hp: HostPlan, min_busbw_gbps: float = 0.0, timeout: int
 # Running it (pyinfra API) and the CLI
 # --------------------------------------------------------------------------------------------
 
-def pyinfra_inventory(path: str):
-    """The pyinfra Inventory for an inventory file (with group_data/), loaded as m3deploy.core.inventory does
-    (preflight connects to its hosts; the plan comes from m3deploy.cli.load)."""
+def pyinfra_inventory(path: str, override_data: dict | None = None):
+    """The pyinfra Inventory for an inventory file (with group_data/ and --data), loaded as m3deploy.core.inventory
+    does (preflight connects to its hosts; the plan comes from m3deploy.cli.load)."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -287,7 +288,8 @@ def pyinfra_inventory(path: str):
         if cand.is_dir() and str(cand) not in extra:
             extra.append(str(cand))
     with ctx_state.use(State()):
-        return make_inventory(str(p), cwd=str(Path.cwd()), group_data_directories=extra)
+        return make_inventory(str(p), override_data=override_data, cwd=str(Path.cwd()),
+                              group_data_directories=extra)
 
 
 def run_kv_transfer_checks(state_hosts: dict, cluster, floor_gbps: float | None = None) -> dict[str, Check]:
@@ -367,7 +369,7 @@ def render_report(report: dict[str, dict], console=None) -> None:
     for name, r in report.items():
         hp = r["plan"]
         ok = all(c.ok for c in r["checks"])
-        title = (f"{name} ({hp.platform or 'control'}, {hp.gpus} GPU(s)) - "
+        title = (f"{name} ({hp.platform or 'control'}, {plural(hp.gpus, 'GPU')}) - "
                  f"{'[green]OK[/green]' if ok else '[red]FAILED[/red]'}")
         table = Table(title=title, title_justify="left", show_lines=False)
         table.add_column("check")

@@ -18,6 +18,7 @@ import shlex
 from typing import Any, Mapping
 
 from m3deploy.check.preflight.result import Check
+from m3deploy.core.errors import plural
 from m3deploy.core.model import ClusterPlan, HostPlan
 
 # The bandwidth floor of one prefill -> decode transfer, GB/s. A 400 Gb/s NDR port moves ~48 GB/s; UCX over TCP on
@@ -57,7 +58,7 @@ def _affinity(facts: Mapping[str, Any]):
     gpus = sorted((g for g in matrix if g.startswith("GPU")), key=lambda g: int(g[3:]))
     nics = {n for g in gpus for n in matrix[g] if not n.startswith("GPU")}
     if not gpus or not nics:
-        return Check("kv-gpu-nic", False, f"`nvidia-smi topo -m` shows {len(gpus)} GPU(s) and no NIC",
+        return Check("kv-gpu-nic", False, f"`nvidia-smi topo -m` shows {plural(len(gpus), 'GPU')} and no NIC",
                      "install the HCA driver (MLNX_OFED/DOCA or rdma-core) so the NICs appear in the GPU topology")
     far = [g for g in gpus if not any(matrix[g].get(n) in NEAR for n in nics)]
     best = {g: min((matrix[g][n] for n in nics if n in matrix[g]), key=lambda r: (NEAR + ("SYS",)).index(r)
