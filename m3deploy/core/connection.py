@@ -38,6 +38,19 @@ def ssh_key_problem(k: str) -> str:
             "(keys: docs/INVENTORY.md \"Connecting\")")
 
 
+# pyinfra's privilege arguments as host data (pyinfra/api/arguments.py: a global argument's default is the host's
+# data of that name): `_sudo = True` (with `ssh_user` a non-root user) runs every operation under sudo. m3deploy's
+# own commands over a host's connection outside an operation (roles/hostops.run_on, the deploy record's probe), the
+# controller's weights push and verify's SSH checks pass the same (docs/INVENTORY.md "Connecting as a non-root user
+# with sudo"). `_sudo_password` is a secret: never recorded, never on a command line of ours.
+SUDO_KEYS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env")
+
+
+def sudo_args(data) -> dict:
+    """The SUDO_KEYS of a host's data (pyinfra's host.data, or a dict) that are set: pyinfra's connector arguments."""
+    return {k: v for k in SUDO_KEYS if (v := data.get(k)) not in (None, False, "")}
+
+
 CONNECTION_FILES = ("ssh_key", "ssh_config_file", "ssh_known_hosts_file")
 
 
