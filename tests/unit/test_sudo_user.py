@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 from m3deploy.check.checks import ssh_command
 from m3deploy.controller import deployed
+from m3deploy.core import connection
 from m3deploy.core.build import InvHost
 from m3deploy.core.connection import sudo_args
 from m3deploy.testbed import config
@@ -48,3 +51,18 @@ def test_the_testbed_sudo_user_option_adds_sudo_to_the_image_and_a_valid_script(
     script = config.sudo_user_script()
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
     assert "NOPASSWD: ALL" in script and "visudo -cqf" in script and "--groups sudo m3admin" in script
+
+
+def test_global_args_are_pyinfras_and_a_near_miss_is_refused_naming_the_fix(tmp_path):
+    from pyinfra.api.arguments import all_argument_meta
+
+    assert connection.GLOBAL_ARGS == set(all_argument_meta) - {"name"}
+    inv = tmp_path / "mine.py"
+    inv.write_text('control = [("c1", {"ssh_hostname": "10.0.0.1"})]\n'
+                   'workers = [("w1", {"ssh_hostname": "10.0.0.2", "m3_platform": "h200", "ssh_user": "deploy", '
+                   '"_sduo": True, "_my_helper": 1})]\n')
+    r = subprocess.run([sys.executable, "-m", "m3deploy.cli", "validate", str(inv)], capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "key _sduo is not a pyinfra global argument (did you mean _sudo?)" in r.stderr and "w1" in r.stderr
+    assert "_my_helper" not in r.stderr and "Traceback" not in r.stderr
