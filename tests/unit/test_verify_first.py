@@ -125,3 +125,12 @@ def test_every_smoke_check_of_verify_is_gated_on_the_identity():
     smoke_ids = [c.id for c in verify.all_checks(plan, smoke=True) if c.group == "smoke"]
     assert smoke_ids[0] == identity.ID and len(smoke_ids) > 10
     assert not [c.id for c in verify.all_checks(plan, smoke=False) if c.group == "smoke"]
+
+
+def test_the_pytest_suite_says_nothing_deployed_in_one_line_too(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify",
+                          "--inventory", "inventories/h200.py"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "M3DEPLOY_CONFIG": str(tmp_path)})
+    assert res.returncode == 4, res.stdout + res.stderr  # pytest's usage error
+    assert f"nothing deployed for cluster h200: no deploy record {tmp_path}/h200/deployed.json" in res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
