@@ -13,6 +13,7 @@ from pyinfra import host, state
 from pyinfra.api import FactBase, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 
+from m3deploy.core.connection import sudo_args
 from m3deploy.deploy.hostfile import HostFile
 
 
@@ -177,7 +178,7 @@ def barrier():
 def run_on(host_name: str, cmd: str) -> tuple[bool, str]:
     """Run `cmd` on another host of this run, over pyinfra's own connection (at execution time): (ok, output)."""
     h = state.inventory.get_host(host_name)
-    ok, out = h.run_shell_command(StringCommand(cmd))
+    ok, out = h.run_shell_command(StringCommand(cmd), **sudo_args(h.data))  # as the host's operations (`_sudo`)
     return ok, "\n".join(out.output_lines) if hasattr(out, "output_lines") else str(out)
 
 
@@ -185,6 +186,7 @@ def journal_tail(unit: str, lines: int = 40):
     """A logs() callable for readiness: the unit's journal over the pyinfra connection."""
     def fetch() -> str:
         ok, out = host.run_shell_command(
-            f"journalctl --no-pager -o short-iso -n {lines} -u {shlex.quote(unit)} 2>&1 || true")
+            f"journalctl --no-pager -o short-iso -n {lines} -u {shlex.quote(unit)} 2>&1 || true",
+            **sudo_args(host.data))
         return "\n".join(out.output_lines) if hasattr(out, "output_lines") else str(out)
     return fetch

@@ -14,6 +14,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from m3deploy.controller import deployed
+from m3deploy.core.connection import sudo_args
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy import context
 from m3deploy.facts.deployed import parse_probe, probe_command
@@ -24,7 +25,7 @@ def _record(cp, hp):
     cmd = probe_command({s.name: s.image for s in hp.services if s.image},
                         [r.repo for r in cp.model_repos] if hp.weights_dir else [],
                         hub=f"{hp.weights_dir}/hub", venv=cp.venv if any(not s.image for s in hp.services) else "")
-    ok, output = host.run_shell_command(cmd)
+    ok, output = host.run_shell_command(cmd, **sudo_args(host.data))  # as the host's operations (`_sudo`)
     if not ok:
         raise M3Error(f"host {hp.name}: the deploy-record probe failed: {output.stderr[-300:]}")
     path = deployed.write_host(cp, hp, parse_probe(output.stdout), deployed.connection(host.data))

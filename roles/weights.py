@@ -207,10 +207,13 @@ def push_argv(src_folder: str, weights_dir: str, repo: str, data, name: str, onl
     """On the controller: push one repo folder to a host over the inventory's SSH; the host side runs under the
     cache lock (--rsync-path)."""
     from m3deploy.check.checks import ssh_argv, ssh_target
+    from m3deploy.core.connection import sudo_args
 
     hub = _hub(weights_dir)
     ssh = ssh_argv(data) + ["-o", "BatchMode=yes"]
-    remote = (f"mkdir -p {shlex.quote(hub)} && flock -w {LOCK_WAIT_S} {shlex.quote(f'{hub}/{LOCK_NAME}')} rsync")
+    sudo = "sudo -n " if sudo_args(data).get("_sudo") else ""  # a non-root login user with sudo (`_sudo`)
+    remote = (f"{sudo}mkdir -p {shlex.quote(hub)} && {sudo}flock -w {LOCK_WAIT_S} "
+              f"{shlex.quote(f'{hub}/{LOCK_NAME}')} rsync")
     target = ssh_target(data, name)
     user, at, hostname = target.rpartition("@")
     return ["rsync", *RSYNC_FLAGS, *only, "-e", shlex.join(ssh), f"--rsync-path={remote}", f"{src_folder.rstrip('/')}/",

@@ -37,11 +37,13 @@ LONGEST_FIRST = (  # seconds, benchmarks/results/test-lanes-2026-12-03.md
     "tests/e2e/test_monitor_testbed.py",  # 225
     "tests/e2e/test_engine_types_testbed.py",  # 155
     "tests/e2e/test_internal_tls.py",  # 146
+    "tests/e2e/test_newcomer_testbed.py",  # 120 (alone, 2026-12-06; not yet in a lanes run)
     "tests/e2e/test_bench_testbed.py",  # 110
     "tests/e2e/test_disagg_testbed.py",  # 92
     "tests/e2e/test_cluster_name_testbed.py",  # 80
     "tests/e2e/test_verify_loopback.py",  # 62
     "tests/e2e/test_weights_fanout_testbed.py",  # 41
+    "tests/e2e/test_verify_first_scrape.py",  # 30 (alone, 2026-12-06; not yet in a lanes run)
     "tests/e2e/test_testbed_net_admin.py",  # 29
     "tests/e2e/test_testbed.py",  # 24
     "tests/e2e/test_testbed_lock.py",  # 0

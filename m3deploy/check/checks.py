@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from m3deploy.controller import tls
 from m3deploy.controller.secrets import api_key
+from m3deploy.core.connection import sudo_args
 from m3deploy.core.disagg import pool_of
 from m3deploy.core.errors import M3Error
 from m3deploy.core.inputs import control_chars, url_host
@@ -132,6 +133,8 @@ def ssh_command(inv_host, command: str) -> str:
     """A copy-pasteable ssh command for the report (no temp files: options spelled out)."""
     d = inv_host.data if inv_host is not None else {}
     target = ssh_target(d, inv_host.name if inv_host is not None else "HOST")
+    if sudo_args(d).get("_sudo"):
+        command = f"sudo sh -c {shlex.quote(command)}"
     return shlex.join(ssh_argv(d) + [target, command])
 
 
@@ -287,7 +290,11 @@ class Context:
             if name not in self._hosts:
                 import testinfra
 
-                self._hosts[name] = testinfra.get_host(f"ssh://{name}", ssh_config=cfg)
+                d = self.inventory[name].data if name in self.inventory else {}
+                sudo = sudo_args(d)  # a non-root login user with sudo (`_sudo`): the checks run under sudo
+                kw = {"sudo": True, **({"sudo_user": sudo["_sudo_user"]} if sudo.get("_sudo_user") else {})} \
+                    if sudo.get("_sudo") else {}
+                self._hosts[name] = testinfra.get_host(f"ssh://{name}", ssh_config=cfg, **kw)
             return self._hosts[name]
 
     def run(self, name: str, command: str):

@@ -22,7 +22,8 @@ from m3deploy.core.errors import M3Error
 def verify(inventory, data, only_host, skip_smoke, report, as_json):
     """Check a deployed cluster against its plan: units, ports, file modes, health, smoke requests.
 
-    Exit status: 0 when every check passed, 1 when any failed, 2 when the plan cannot be built."""
+    Exit status: 0 when every check passed, 1 when any failed or nothing was deployed (no deploy record of the
+    cluster's hosts: one line naming the record, no checks run), 2 when the plan cannot be built."""
     from rich.console import Console
 
     try:
@@ -32,6 +33,12 @@ def verify(inventory, data, only_host, skip_smoke, report, as_json):
     except M3Error as e:
         fail(e)
         return
+    missing = verify_suite.nothing_deployed(plan, only_host, inventory)
+    if missing:  # no record of a deploy: say so at once instead of failing every check after its timeouts
+        ctx.close()
+        click.echo(json.dumps({"cluster": plan.name, "ok": False, "error": missing}) if as_json else missing,
+                   err=not as_json)
+        raise SystemExit(1)
     t0 = time.monotonic()
     try:
         results = verify_suite.run_checks(checks, ctx)

@@ -20,6 +20,7 @@ from pathlib import Path
 from m3deploy.controller.cachelock import locked
 from m3deploy.controller.secrets import secrets_path
 from m3deploy.core import generation as gen
+from m3deploy.core.connection import SUDO_KEYS
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.model import ClusterPlan, HostPlan
 
@@ -28,7 +29,7 @@ VERSION = 1
 # ssh_key_password) are never recorded: a host reached only with one is pruned after it is put back in the inventory
 CONNECT_KEYS = ("ssh_hostname", "ssh_port", "ssh_user", "ssh_key", "ssh_known_hosts_file",
                 "ssh_strict_host_key_checking", "ssh_config_file", "ssh_forward_agent", "ssh_allow_agent",
-                "ssh_look_for_keys")
+                "ssh_look_for_keys", *SUDO_KEYS)  # a non-root user's hosts are pruned with its sudo
 
 
 def record_path(cluster: str) -> Path:

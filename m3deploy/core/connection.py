@@ -38,6 +38,39 @@ def ssh_key_problem(k: str) -> str:
             "(keys: docs/INVENTORY.md \"Connecting\")")
 
 
+# pyinfra's privilege arguments as host data (pyinfra/api/arguments.py: a global argument's default is the host's
+# data of that name): `_sudo = True` (with `ssh_user` a non-root user) runs every operation under sudo. m3deploy's
+# own commands over a host's connection outside an operation (roles/hostops.run_on, the deploy record's probe), the
+# controller's weights push and verify's SSH checks pass the same (docs/INVENTORY.md "Connecting as a non-root user
+# with sudo"). `_sudo_password` is a secret: never recorded, never on a command line of ours.
+SUDO_KEYS = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env")
+
+
+# pyinfra 3.10's global arguments (pyinfra/api/arguments.py all_argument_meta; tests/unit/test_sudo_user.py compares):
+# as host data they are every operation's default. A near miss (`_sduo`) would be ignored without a word.
+GLOBAL_ARGS = frozenset({
+    "_chdir", "_continue_on_error", "_doas", "_doas_user", "_dzdo", "_dzdo_user", "_env", "_get_pty", "_if",
+    "_ignore_errors", "_parallel", "_preserve_su_env", "_preserve_sudo_env", "_retries", "_retry_delay",
+    "_retry_until", "_run_once", "_serial", "_shell_executable", "_stdin", "_su_password", "_su_shell", "_su_user",
+    "_success_exit_codes", "_sudo", "_sudo_password", "_sudo_user", "_temp_dir", "_timeout", "_use_su_login",
+    "_use_sudo_login"})
+
+
+def global_arg_problem(k: str) -> str:
+    """A `_`-key that is a near miss of a pyinfra global argument ('' for one, and for any other private name)."""
+    if k in GLOBAL_ARGS or k.startswith("__"):
+        return ""
+    near = difflib.get_close_matches(k, GLOBAL_ARGS, n=1, cutoff=0.8)
+    return (f"key {k} is not a pyinfra global argument (did you mean {near[0]}?); pyinfra would ignore it without "
+            f"a word. Fix: rename it to {near[0]} (docs/INVENTORY.md \"Connecting as a non-root user with sudo\")"
+            if near else "")
+
+
+def sudo_args(data) -> dict:
+    """The SUDO_KEYS of a host's data (pyinfra's host.data, or a dict) that are set: pyinfra's connector arguments."""
+    return {k: v for k in SUDO_KEYS if (v := data.get(k)) not in (None, False, "")}
+
+
 CONNECTION_FILES = ("ssh_key", "ssh_config_file", "ssh_known_hosts_file")
 
 

@@ -33,7 +33,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from m3deploy.core import catalog, fanout
-from m3deploy.core.connection import hosts_phrase, ssh_key_problem
+from m3deploy.core.connection import global_arg_problem, hosts_phrase, ssh_key_problem
 from m3deploy.core.errors import M3Error
 from m3deploy.core.refs import image_problem, model_id_problem
 from m3deploy.core.settings import KEYS, RENAMED, get
@@ -466,6 +466,8 @@ def check_hosts(hosts: Iterable) -> list[str]:
                        "(e.g. a ProxyCommand run on the controller). Fix: remove it", k)
             elif k.startswith("ssh_") and ssh_key_problem(k):
                 add(h, ssh_key_problem(k), k)
+            elif k.startswith("_") and global_arg_problem(k):
+                add(h, global_arg_problem(k), k)
         for k in ("m3_extra_args", "m3_unset_args"):
             v = h.data.get(k)
             if v and not value_problem(k, v) and not (k == "m3_extra_args" and _unparsable(v)):

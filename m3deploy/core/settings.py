@@ -6,7 +6,7 @@ m3deploy.core.inputs checks every host's data against it before the plan is buil
 The plan (m3deploy.core.build), validation and the roles read keys through `get(data, key)`, so a default is
 written once, here. A default of `None` means "not set": the plan or the catalog decides (e.g. the NVIDIA driver
 branch comes from the catalog's `vendors.nvidia.driver_branch` unless `m3_nvidia_driver_branch` pins one).
-README "Inventory contract" lists the keys a user sets most.
+docs/INVENTORY.md "The keys set most" lists the keys a user sets most.
 """
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-# The keys users set most: README.md's table (between <!-- keys:start --> and <!-- keys:end -->).
+# The keys users set most: docs/INVENTORY.md's first table (between <!-- keys:start --> and <!-- keys:end -->).
 README_KEYS = ("m3_platform", "m3_variant", "m3_parallel", "m3_engine", "m3_serving", "m3_features",
                "m3_max_model_len", "m3_extra_args", "m3_unset_args", "m3_extra_env", "m3_image", "m3_model_id",
                "m3_served_model_name", "m3_address", "m3_interface", "m3_gpus_per_host", "m3_gpu_memory_gb",

@@ -42,11 +42,15 @@ def testbed():
               "testbed exists; docs/TESTBED.md).")
 @click.option("--net-admin", is_flag=True, help="Hosts with CAP_NET_ADMIN in their network namespace (an address "
               "added by keepalived or `ip addr add`; fixed once the testbed exists; docs/TESTBED.md).")
-def up(n, name, subnet, install_deps, timeout, docker, net_admin):
+@click.option("--sudo-user", is_flag=True, help=f"Hosts that also have user {config.SUDO_USER} (the testbed's SSH "
+              "key, passwordless sudo), to deploy as a non-root user: --data ssh_user=... --data _sudo=True "
+              "(fixed once the testbed exists; docs/INVENTORY.md).")
+def up(n, name, subnet, install_deps, timeout, docker, net_admin, sudo_user):
     """Bring up (at least) N hosts. Idempotent: again = no change; a larger N adds hosts."""
+    options = (("docker",) if docker else ()) + (("net-admin",) if net_admin else ()) + (
+        ("sudo-user",) if sudo_user else ())
     try:
-        core.up(n, name=name, subnet=subnet, install_deps=install_deps, timeout=timeout,
-                options=(("docker",) if docker else ()) + (("net-admin",) if net_admin else ()), log=_echo)
+        core.up(n, name=name, subnet=subnet, install_deps=install_deps, timeout=timeout, options=options, log=_echo)
     except M3Error as exc:
         _fail(exc)
 

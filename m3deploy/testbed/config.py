@@ -52,7 +52,11 @@ MAX_HOSTS = 200
 # cgroups: without each piece dockerd or `docker run` fails (docs/TESTBED.md "Docker inside the hosts").
 # "net-admin": the hosts get CAP_NET_ADMIN in their own network namespace (nspawn drops it by default, so
 # `ip addr add` answers "Operation not permitted"): what keepalived needs to take a VRRP address (issue 25).
-HOST_OPTIONS = ("docker", "net-admin")
+HOST_OPTIONS = ("docker", "net-admin", "sudo-user")
+# `up --sudo-user`: every host also has this non-root user, logging in with the testbed's key, with passwordless
+# sudo (Debian's `sudo` package added to the image), for a deploy as a non-root user with sudo (docs/INVENTORY.md)
+SUDO_USER = "m3admin"
+SUDO_PACKAGE = "sudo"
 DOCKER_NSPAWN_ENV = {
     # the host gets its own cgroup v2 tree (delegated by nspawn): runc cannot create cgroups in the v1
     # controllers nspawn mounts read-only ("mkdir /sys/fs/cgroup/cpuset/docker: read-only file system")
@@ -78,6 +82,23 @@ def nspawn_options(options, host_dir: str) -> tuple[list[str], dict[str, str]]:
     elif "net-admin" in options:  # (docker's set has it already)
         args.append("--capability=CAP_NET_ADMIN")
     return args, env
+
+
+def image_include(include, options) -> tuple[str, ...]:
+    """The image's packages for hosts with `options` (`sudo-user` needs sudo)."""
+    return tuple(include) + ((SUDO_PACKAGE,) if "sudo-user" in options and SUDO_PACKAGE not in include else ())
+
+
+def sudo_user_script(user: str = SUDO_USER) -> str:
+    """Run as root on a host (idempotent): `user` in group sudo, root's authorized key, NOPASSWD sudo (checked by
+    visudo before it is put in place)."""
+    home = f"/home/{user}"
+    rule = f"/etc/sudoers.d/90-{user}"
+    return (f"set -e; id -u {user} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash --groups sudo {user}; "
+            f"install -d -m 700 -o {user} -g {user} {home}/.ssh; "
+            f"install -m 600 -o {user} -g {user} /root/.ssh/authorized_keys {home}/.ssh/authorized_keys; "
+            f"printf '%s\\n' '{user} ALL=(ALL:ALL) NOPASSWD: ALL' > {rule}.tmp; chmod 440 {rule}.tmp; "
+            f"visudo -cqf {rule}.tmp; mv {rule}.tmp {rule}")
 
 
 def check_options(options) -> tuple[str, ...]:

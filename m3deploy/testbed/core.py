@@ -220,12 +220,12 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
         subnet = old["subnet"] if old else (subnet or config.DEFAULT_SUBNET)
         config.parse_subnet(subnet)
         config.host_address(subnet, n)  # fits?
-        include = tuple(old["include"]) if old else tuple(include or config.BASE_INCLUDE)
         options = config.check_options(options)
         if old and options and tuple(old.get("options", ())) != options:
             raise M3Error(f"testbed {name!r} was made with host options {old.get('options', [])}, not "
                           f"{list(options)}. Fix: `m3deploy testbed down --name {name}` first, or leave them out")
         options = tuple(old.get("options", ())) if old else options
+        include = tuple(old["include"]) if old else config.image_include(include or config.BASE_INCLUDE, options)
         changes: list[str] = []
         hits = config.overlapping_interfaces(subnet, _ip_json("-4", "addr", "show"),
                                              own_bridge=config.bridge_name(name))
@@ -324,6 +324,9 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
             if not same:
                 _write_atomic(path, text)
                 changes.append(os.path.basename(path))
+        if "sudo-user" in options:  # the non-root user with sudo, on every host (idempotent)
+            for h in hosts:
+                _run(["ssh", "-F", p.ssh_config, h["name"], config.sudo_user_script()])
         state = {
             "version": 1,
             "name": name,
@@ -334,7 +337,8 @@ def up(n: int, name: str = config.DEFAULT_NAME, subnet: str | None = None, insta
             "options": list(options),
             "apt_proxy": proxy,
             "ssh": {"private_key": p.key, "public_key": p.pubkey, "known_hosts": p.known_hosts,
-                    "ssh_config": p.ssh_config, "control_dir": p.control_dir, "user": "root"},
+                    "ssh_config": p.ssh_config, "control_dir": p.control_dir, "user": "root",
+                    **({"sudo_user": config.SUDO_USER} if "sudo-user" in options else {})},
             "state_dir": p.dir,
             "hosts": hosts,
         }

@@ -13,7 +13,7 @@ The contracts these cases hold m3deploy to:
   ("true"/"false" any case -> bool, then int, then JSON, else the string). `m3deploy --data` uses the same
   function (m3deploy.core.inventory.parse_cli_arg), checked here against pyinfra's own.
 
-Docs: docs/INVENTORY.md holds settings.markdown_table() verbatim, README.md settings.readme_table(); regenerate with
+Docs: docs/INVENTORY.md holds settings.markdown_table() and settings.readme_table() verbatim; regenerate with
 `M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs`.
 """
 from __future__ import annotations
@@ -409,10 +409,10 @@ BEGIN, END = "<!-- keys: generated from m3deploy/core/settings.py -->\n", "<!-- 
 README_BEGIN = ("<!-- keys:start (generated from m3deploy/core/settings.py README_KEYS: "
                 "M3_UPDATE_DOCS=1 python3 -m pytest tests/unit/test_bad_inputs.py -k docs) -->\n")
 GENERATED = [(DOCS, BEGIN, END, settings.markdown_table, settings.KEYS),
-             (ROOT / "README.md", README_BEGIN, "<!-- keys:end -->\n", settings.readme_table, settings.README_KEYS)]
+             (DOCS, README_BEGIN, "<!-- keys:end -->\n", settings.readme_table, settings.README_KEYS)]
 
 
-@pytest.mark.parametrize("doc,begin,end,table,keys", GENERATED, ids=["INVENTORY.md", "README.md"])
+@pytest.mark.parametrize("doc,begin,end,table,keys", GENERATED, ids=["INVENTORY.md", "INVENTORY.md-most-set"])
 def test_docs_table_is_the_schema(doc, begin, end, table, keys):
     text = doc.read_text()
     table = table()

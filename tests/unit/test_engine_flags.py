@@ -1,5 +1,5 @@
 """The contract test: every flag, choice and env var of every rendered command of every shipped inventory, every
-plan-snapshot variant and every README matrix row is known to the pinned engine (tests/unit/engine_contract.py,
+plan-snapshot variant and every platform matrix row (docs/PLATFORMS.md) is known to the pinned engine (tests/unit/engine_contract.py,
 lists from scripts/extract_engine_flags.py); a wrong flag planted in recipe data makes it fail, naming the flag,
 the engine's list and the layer file that set it."""
 from __future__ import annotations

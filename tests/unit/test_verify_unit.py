@@ -285,6 +285,10 @@ def test_cli_exit_codes(monkeypatch, tmp_path):
     monkeypatch.setattr(planmod, "build", lambda inv, name=None, facts=None: p)
     results = _results()
     monkeypatch.setattr(verify, "run_checks", lambda checks, ctx: results)
+    monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
+    from m3deploy.controller import deployed
+
+    deployed.write_host(p, p.hosts[0], {})  # a deployed cluster (tests/unit/test_verify_first.py: one that is not)
     out = tmp_path / "r.json"
     res = CliRunner().invoke(verify_cmd, ["inv.py", "--skip-smoke", "--json", "--report", str(out)])
     assert res.exit_code == 1, res.output

@@ -36,6 +36,7 @@ def _inside(path: Path) -> bool:
 
 def pytest_configure(config):
     if config.getoption("--inventory"):
+        _suite(config)  # the plan, and nothing deployed is one line at once (a usage error), as `m3deploy verify`
         return
     asked = [a for a in config.args if _inside(Path(str(config.invocation_params.dir), a.split("::")[0]))]
     if asked:  # tests/verify named explicitly: a usage error, not a skip
@@ -65,6 +66,9 @@ class _Suite:
         inv_path = config.getoption("--inventory")
         self.inventory = inventory.load_inventory(inv_path)
         self.plan = planmod.build(self.inventory, name=Path(inv_path).stem)
+        missing = verify.nothing_deployed(self.plan, config.getoption("--verify-host"), inv_path)
+        if missing:  # as `m3deploy verify`: one line, no checks against services that were never installed
+            raise pytest.UsageError(missing)
         self.checks = verify.all_checks(self.plan, self.inventory, config.getoption("--verify-host"),
                                         smoke=not config.getoption("--skip-smoke"))
 

@@ -370,12 +370,31 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
 
         checks += metrics_checks(plan)
     if smoke:
-        from m3deploy.check.verify import contract
+        from m3deploy.check.verify import contract, identity
         from m3deploy.check.verify import smoke as smokemod
         from m3deploy.check.verify.disagg import disagg_checks
 
-        checks += smokemod.smoke_checks(plan) + contract.contract_checks(plan) + disagg_checks(plan)
+        # smoke_checks opens with smoke/identity; the contract's and disagg's checks count only after it passed
+        checks += smokemod.smoke_checks(plan) + identity.gated(contract.contract_checks(plan) + disagg_checks(plan))
     return checks
+
+
+def nothing_deployed(plan: ClusterPlan, only_host: str | None = None, inventory: str = "INVENTORY") -> str:
+    """One line when the deploy record (m3deploy.controller.deployed) has none of the plan's hosts (none deployed
+    from this controller, or the cluster's name changed): then every check would wait on services that were never
+    installed. "" when at least one host is recorded (the others fail their own `deployed/HOST` check)."""
+    from m3deploy.controller import deployed
+
+    path = deployed.record_path(plan.name)
+    recorded = (deployed.load(plan.name).get("hosts") or {}).keys()
+    want = [h.name for h in plan.hosts if h.services and (not only_host or h.name == only_host)]
+    if not want or set(want) & set(recorded):
+        return ""
+    fix = f"Fix: deploy first (pyinfra -y {inventory} deploy.py), or name the cluster the deploy used (m3_cluster)"
+    if not recorded:
+        return f"nothing deployed for cluster {plan.name}: no deploy record {path}. {fix}"
+    return (f"nothing deployed for cluster {plan.name}: the deploy record {path} has none of its hosts "
+            f"{', '.join(want)} (it has {', '.join(sorted(recorded))}). {fix}")
 
 
 # ---------------------------------------------------------------------------------------------- running

@@ -39,6 +39,7 @@ from m3deploy.check.checks import (
     worker_id_hex,
     worker_pools,
 )
+from m3deploy.check.verify import identity
 from m3deploy.controller import tls
 from m3deploy.core.model import ClusterPlan
 
@@ -363,4 +364,4 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
                              + "   # with several session ids at once; compare .nvext.worker_id"))
     out.append(Check("smoke/unknown-model-404", "smoke", "frontend", "an unknown model is a 404", _unknown_model,
                      _curl(plan, "/chat/completions", {"model": "no-such-model", "messages": msg, "max_tokens": 4})))
-    return out
+    return [identity.identity_check(plan)] + identity.gated(out)  # none counts before the endpoint proves itself
