@@ -222,13 +222,14 @@ def pretty_service(s) -> str:
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
 def validate(inventory, data):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
-    from m3deploy.controller import deployed
+    from m3deploy.controller import deployed, user_tls
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems
 
     try:
         hosts, p = load(inventory, data)
         problems = connection_file_problems(hosts)  # the deploy checks them before pyinfra connects: so does validate
+        problems += user_tls.problems(hosts) if p.state != "absent" else []  # the user's edge certificate, key, CA
         if problems:
             raise ValidationError(problems)
         if p.state != "absent":

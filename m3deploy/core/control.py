@@ -219,7 +219,7 @@ def frontend_service(c: Any, host: str, a: str, index: int = 0) -> Service:
             + _env_provenance(c, host, env, r, "plan:dynamo", SOURCE) + tls.provenance)
     return Service(
         name=name, kind="frontend", host=host, argv=argv, env=tuple(env.items()) + tls.env,
-        secret_env=dynamo_secret_env(c.client), ports=(Port("http", port, a),),
+        secret_env=dynamo_secret_env(c.client), ports=(Port("http", port, a, key="m3_frontend_port"),),
         readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{port}/live", timeout_s=r.readiness_timeout_s),
         after=(f"{host}/etcd", f"{host}/nats"), env_file=f"/etc/m3/{name}.env", workdir=f"{c.home}/{name}",
         provenance=prov, secret_files=tls.files, launcher=tls.launcher, tls=c.client.tls, frontend_index=index)

@@ -230,9 +230,10 @@ def ports(args: Mapping[str, Any], env: Mapping[str, str], address: str, rules: 
     bind = "0.0.0.0" if rules.get("disagg_bootstrap_binds_all") else address
     for flag in ("--disaggregation-bootstrap-port", "--bootstrap-ports"):
         if args.get(flag) is not None:
-            out.append(Port("bootstrap", int(args[flag]), bind))
+            out.append(Port("bootstrap", int(args[flag]), bind, key="m3_disagg.bootstrap_port"))
     if env.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):
-        out.append(Port("nixl", int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), address))
+        out.append(Port("nixl", int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), address,
+                        key="m3_disagg.nixl_side_channel_port"))
     return out
 
 

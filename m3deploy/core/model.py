@@ -16,6 +16,7 @@ class Port:
     port: int
     address: str  # the address it binds to (the host's cluster address, or "0.0.0.0" when asked)
     protocol: str = "tcp"
+    key: str = ""  # the setting it comes from (m3_edge_port, m3_disagg.bootstrap_port, ...); '' when fixed (etcd's)
 
 
 @dataclass(frozen=True)

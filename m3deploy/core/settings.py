@@ -216,6 +216,8 @@ _KEYS = (
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
     Key("m3_tls_ca_file", str, None, "with m3_tls_cert_file: the CA (PEM) our clients trust for the edge; default "
         "the system's trust store", True),
+    Key("m3_cert_renew_days", int, 30, "the certificates' renewal window, days: a certificate with fewer days left is "
+        "renewed (the cluster CA's) or refused by validate (the user's m3_tls_cert_file)", True, range=(1, 365)),
     Key("m3_weights_source", str, "hub", "where each model repo comes from: 'hub' (every host downloads), "
         "'controller' (its HF cache, then fan-out), 'mirror:<host>' (that host downloads once, then fan-out), "
         "'shared' (one shared filesystem: one host downloads); docs/WEIGHTS.md", True, check="weights_source"),

@@ -11,8 +11,9 @@ from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra_cli.exceptions import CliError
 
-from m3deploy.controller import deployed
+from m3deploy.controller import deployed, user_tls
 from m3deploy.core import build as planmod
+from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.model import ClusterPlan, HostPlan
 from m3deploy.deploy import factbatch, pyinfra_speed
@@ -88,6 +89,9 @@ def cluster_plan() -> ClusterPlan:
             hosts = hosts_from_pyinfra(state.inventory)
             cached = planmod.build(hosts, name=inventory_file())  # the cluster's name: m3_cluster, else the file's
             deployed.refuse_skew(cached)  # a version skew catalog.yaml forbids: ValidationError, before any host
+            tls_problems = user_tls.problems(hosts) if cached.state != "absent" else []  # the user's edge cert/key/CA
+            if tls_problems:
+                raise ValidationError(tls_problems)
             if cached.state != "absent":
                 _prepare_controller(cached)
             _warn_unmanaged(cached)
