@@ -62,8 +62,9 @@ venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 # (which runs its own dockerd on a private socket); keepalived: `keepalived --config-test` of the rendered
 # keepalived.conf in tests/unit/test_vip_plan.py (its package unit does not start: no /etc/keepalived/keepalived.conf)
 # prometheus: `promtool test rules` of the generated rules in tests/unit/test_rule_windows.py
+# haproxy: `haproxy -c` of the rendered haproxy.cfg with the TLS profile in tests/unit/test_tls_profile.py
 pkgs=(python3 python3-venv systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server
-      curl ca-certificates openssl rsync docker.io keepalived prometheus)
+      curl ca-certificates openssl rsync docker.io keepalived prometheus haproxy)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -75,7 +76,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   # and the distribution's dockerd (default bridge and iptables rules) would cut the testbeds' bridges: stopped and
   # disabled, each named; a package that was already installed keeps its units as they are
   declare -A units=([etcd-server]="etcd" [nats-server]="nats-server" [apt-cacher-ng]="apt-cacher-ng"
-                    [docker.io]="docker.service docker.socket" [prometheus]="prometheus")
+                    [docker.io]="docker.service docker.socket" [prometheus]="prometheus" [haproxy]="haproxy")
   for p in "${missing[@]}"; do
     [ -n "${units[$p]:-}" ] || continue
     echo "== $p was just installed: systemctl disable --now ${units[$p]} (the testbed needs its ports and bridges)"

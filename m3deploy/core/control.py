@@ -107,7 +107,7 @@ def _etcd(host: str, a: str, state_dir: str, auth: bool, members: tuple[tuple[st
         + ((Port("metrics", internal_tls.ETCD_METRICS, a),) if tls else ()),
         readiness=Readiness(kind="http", url=health, expect_json=(("health", "true"),), timeout_s=60),
         env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd",
-        secret_files=internal_tls.files("etcd", host, "etcd") if tls else (), tls=tls,
+        secret_files=internal_tls.etcd_files("etcd", host) if tls else (), tls=tls,
         provenance=provenance(argv, env, "plan:etcd", SOURCE, {"--name": "the inventory's host name"})
         + provenance(tls_argv, tls_env, TLS_LAYER, TLS_SOURCE))
 
