@@ -100,11 +100,11 @@ def _read(key: str, path: str) -> tuple[str, str]:
         with open(p, encoding="ascii") as f:
             text = f.read()
     except (OSError, UnicodeError) as e:
-        return "", f"{path} cannot be read as PEM text ({type(e).__name__}). Fix: run as its owner, or convert it " \
-                   "to PEM with openssl"
+        return "", (f"{path} cannot be read as PEM text ({type(e).__name__}). Fix: run as its owner, or convert "
+                    "it to PEM with openssl")
     if "-----BEGIN" not in text:
-        return "", f"{path} is not PEM (no -----BEGIN line). Fix: convert it, e.g. openssl x509 -inform der -in " \
-                   f"FILE -out {path}"
+        return "", (f"{path} is not PEM (no -----BEGIN line). Fix: convert it, e.g. openssl x509 -inform der -in "
+                    f"FILE -out {path}")
     return text, ""
 
 
@@ -119,8 +119,8 @@ def _private_key(path: str, text: str):
     except TypeError:
         return None, (f"{path} is encrypted: HAProxy starts unattended and cannot ask for its passphrase. Fix: "
                       f"openssl pkey -in {path} -out {path}.plain, then chmod 600 and point m3_tls_key_file at it")
-    except (ValueError, Exception):  # noqa: BLE001 - cryptography raises several kinds for a bad key
-        return None, f"{path} holds no PEM private key. {FIX_PAIR}"
+    except Exception:  # noqa: BLE001 - cryptography raises ValueError, UnsupportedAlgorithm, ... for a bad key
+        return None, f"{path} holds no PEM private key HAProxy could load. {FIX_PAIR}"
 
 
 def _public(key) -> bytes:
