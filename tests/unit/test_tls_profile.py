@@ -5,7 +5,9 @@ etcd: the plan's own --cipher-suites started on 127.0.0.1, where `openssl s_clie
 CBC, SHA-1, RSA-key-exchange suite) gets no handshake and an ECDHE-AES-GCM one does. The edge and etcd on the
 testbed: tests/e2e/test_internal_tls.py.
 
-Also the edge's timeouts and buffer (m3_edge_timeout_server_s, m3_edge_retry_body_kb) as haproxy.cfg has them.
+Also the edge's timeouts and buffer (m3_edge_timeout_server_s, m3_edge_retry_body_kb) as haproxy.cfg has them, and
+the plan's etcd argv run by a real etcd with the controller's certificates: its peer port refuses a worker's client
+certificate in the handshake (--peer-cert-allowed-cn) and serves the peer certificate.
 """
 from __future__ import annotations
 
@@ -144,6 +146,68 @@ def test_etcd_offers_only_the_profile(tmp_path, pem):
         for bad in BAD_TLS12:
             assert _handshake(port, "-tls1_2", "-cipher", bad) == "New, (NONE), Cipher is (NONE)", bad
         assert "TLSv1.1" not in _handshake(port, "-tls1_1")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+_PEER_GET = r"""
+import socket, ssl, sys
+port, ca, crt, key, path = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+ctx = ssl.create_default_context(cafile=ca)
+ctx.load_cert_chain(crt, key)
+try:
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1") as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        print("ANSWERED", s.recv(200)[:40])
+except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as e:
+    print("REFUSED", e)
+"""
+
+
+def test_a_real_etcd_with_the_plans_flags_takes_only_the_peer_certificate_on_its_peer_port(tmp_path, monkeypatch):
+    """The plan's etcd argv (m3_internal_tls), run by etcd 3.4 on 127.0.0.1 with the certificates the controller
+    signs: on the peer port a worker's client certificate gets no answer, the peer certificate gets GET /members;
+    the worker's certificate still works on the client port (issue 35)."""
+    import sys
+
+    from m3deploy.controller import tls
+
+    monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
+    d = {k: v for k, v in SIM.items() if k != "m3_edge"}
+    p = build([InvHost("ctl0", ("control",), {**d, "m3_address": "127.0.0.1"}),
+               InvHost("w0", ("workers",), {**d, "m3_address": "127.0.0.2"})], name="peer")
+    certs = tls.cluster_certs(p)
+    etcd = p.host("ctl0").service("etcd")
+    for path, ref in etcd.secret_files:
+        (tmp_path / path.rsplit("/", 1)[1]).write_text(certs[ref])
+    client = {kind: tmp_path / f"w0-{kind}" for kind in ("crt", "key")}
+    client["crt"].write_text(certs["tls-cert:w0:client"])
+    client["key"].write_text(certs["tls-key:w0:client"])
+    ports = {str(n): str(_free_port()) for n in (2379, 2380, 2381)}
+    argv = []
+    for a in etcd.argv:
+        for n, free in ports.items():
+            a = a.replace(f":{n}", f":{free}")
+        argv.append(a.replace(internal_tls.TLS_DIR, str(tmp_path)).replace("/var/lib/m3/etcd/data",
+                                                                          str(tmp_path / "data")))
+    i = argv.index("--auth-token")
+    del argv[i:i + 2]  # etcd's JWT key files: not what this test is about
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ca = str(tmp_path / "etcd-ca.crt")
+
+    def get(port: str, crt, key, path: str) -> str:
+        return subprocess.run([sys.executable, "-c", _PEER_GET, port, ca, str(crt), str(key), path],
+                              capture_output=True, text=True, timeout=30).stdout
+
+    try:
+        deadline = time.monotonic() + 30
+        while "ANSWERED" not in get(ports["2379"], client["crt"], client["key"], "/health"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            time.sleep(0.3)
+        got = get(ports["2380"], client["crt"], client["key"], "/members")
+        assert got.startswith("REFUSED") and "SSL" in got, got  # the handshake itself fails (an alert)
+        assert "200 OK" in get(ports["2380"], tmp_path / "etcd-peer.crt", tmp_path / "etcd-peer.key", "/members")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
