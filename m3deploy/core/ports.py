@@ -23,7 +23,8 @@ def data_key(key: str) -> str:
 
 
 def _what(svc: str, p) -> str:
-    return f"{svc} ({p.name}, {p.key or FIXED})"
+    span = f", ports {p.port}-{p.port + p.span - 1}" if p.span > 1 else ""
+    return f"{svc} ({p.name}{span}, {p.key or FIXED})"
 
 
 def _fix(keys: list[str], h) -> str:
@@ -49,8 +50,10 @@ def problems(plan, hosts) -> list[str]:
         bound = defaultdict(list)
         for svc in hp.services:
             for p in svc.ports:
-                bound[p.port].append((svc.name, p))
+                for port in range(p.port, p.port + p.span):  # a range: each of its ports
+                    bound[port].append((svc.name, p))
         ssh_port = int(((getattr(h, "data", {}) or {}).get("ssh_port")) or 22)
+        clashes: dict[tuple, list[int]] = defaultdict(list)
         for port, users in bound.items():
             keys = list(dict.fromkeys(p.key for _, p in users if p.key))
             if port == ssh_port:
@@ -62,6 +65,10 @@ def problems(plan, hosts) -> list[str]:
                               else "Fix: change ssh_port (sshd's port on the host)"))
             addrs = [p.address for _, p in users]  # one port on two specific addresses (the edge's own and m3_vip's)
             if len(users) > 1 and (len(set(addrs)) < len(addrs) or set(addrs) & set(ANY)):
-                out.append(f"{_where(hp.name, h, keys)}: port {port} is used by "
-                           + " and ".join(_what(s, p) for s, p in users) + f". {_fix(keys, h)}")
+                clashes[(hp.name, tuple(users))].append(port)  # a range over others: one line for all its ports
+        for (name, users), taken in clashes.items():
+            keys = list(dict.fromkeys(p.key for _, p in users if p.key))
+            out.append(f"{_where(name, h, keys)}: port{'s' if len(taken) > 1 else ''} "
+                       f"{', '.join(map(str, taken))} {'are' if len(taken) > 1 else 'is'} used by "
+                       + " and ".join(_what(s, p) for s, p in users) + f". {_fix(keys, h)}")
     return out

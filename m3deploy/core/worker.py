@@ -104,7 +104,7 @@ def draft(c: Any, rk: Rank) -> tuple[Service, recipes.Resolved]:
         (None if rules.get("simulated") else r.image)
     svc_ports, readiness = _worker_endpoints(c, rk, r, rules, info, ports, image, timeout)
     svc_ports, readiness = _multi_host(rk, r, rules, fill, svc_ports, readiness, timeout)
-    svc_ports += disagg.ports(r.args, r.env, rk.address, rules)  # m3_disagg: KV-transfer ports
+    svc_ports += disagg.ports(r.args, r.env, rk.address, rules, c.size)  # m3_disagg: KV-transfer ports
     head = _launch_line(c, r, rules, fill)
     docker = _docker_args(c, rk, r, info) if image else []
     files = _engine_files(c, rk, r, rules, docker if image else None)

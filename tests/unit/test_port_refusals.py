@@ -61,3 +61,21 @@ def test_an_api_key_file_that_is_a_directory_says_so(tmp_path):
     r = run(tmp_path, f"m3_edge = True\nm3_api_key_file = {str(tmp_path)!r}\n")
     assert r.exit_code == 2 and f"key m3_api_key_file: {tmp_path} is a directory, not a file" in r.output, r.output
     assert "Fix" in r.output
+
+
+def test_a_nixl_side_channel_range_over_another_port_is_refused(tmp_path):
+    """vLLM's NIXL side channel takes one port per TP rank (VLLM_NIXL_SIDE_CHANNEL_PORT + 0..TP-1, the next worker on
+    the host TP further on): with tp4, 9087 takes 9087-9090, and 9090 is the first worker's system port
+    (m3_system_port)."""
+    inv = ('control = [("ctl", {"m3_address": "10.0.1.1"})]\n'
+           'workers = [("g1", {"m3_address": "10.0.1.2"}), ("g2", {"m3_address": "10.0.1.3"})]\n')
+    gd = ('m3_platform = "h200"\nm3_engine = "vllm"\nm3_serving = "dynamo"\nm3_parallel = "tp4"\n'
+          'm3_variant = "mxfp8"\n')
+    pools = "m3_disagg = {'prefill': {'workers': 2}, 'decode': {'workers': 2}, 'nixl_side_channel_port': %d}\n"
+    r = run_validate(tmp_path, pools % 9087, inv, gd)
+    assert r.exit_code == 2, r.output
+    assert any(all(m in ln for m in ("host g1 (", "9090", "(nixl, ports 9087-9090, m3_disagg.nixl_side_channel_"
+                                     "port)", "(system, m3_system_port)", "Fix: set m3_disagg.nixl_side_channel_port"))
+               for ln in r.output.splitlines()), r.output
+    ok = run_validate(tmp_path, pools % 6000, inv, gd)  # 6000-6003 and 6004-6007: free
+    assert ok.exit_code == 0, ok.output
