@@ -233,7 +233,10 @@ def validate(inventory, data):
         if problems:
             raise ValidationError(problems)
         if p.state != "absent":
-            api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+            try:
+                api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+            except M3Error as e:  # named like every other refusal: the hosts and the file that set the key
+                raise ValidationError([f"{user_tls.where_set(hosts, 'm3_api_key_file')}: {e}"]) from None
         deployed.refuse_skew(p)  # the deploy refuses a version skew before any host: so does validate
     except M3Error as e:
         fail(e)

@@ -35,14 +35,14 @@ def problems(hosts: Iterable) -> list[str]:
     value = {k: next((get(h.data, k) for h in hosts if h.data.get(k) is not None), None) for k in KEYS}
     if not value["m3_tls_cert_file"] or not value["m3_tls_key_file"]:
         return []  # one without the other: m3deploy.core.edge.problems says so
-    where = {k: _where(hosts, k) for k in KEYS}
+    where = {k: where_set(hosts, k) for k in KEYS}
     renew = int(next((get(h.data, "m3_cert_renew_days") for h in hosts
                       if h.data.get("m3_cert_renew_days") is not None), get({}, "m3_cert_renew_days")))
     return [f"{where[k]}: key {k}: {why}" for k, why in check(value, renew)]
 
 
-def _where(hosts: list, key: str) -> str:
-    """The hosts that set `key`, with the file(s) they set it in."""
+def where_set(hosts: Iterable, key: str) -> str:
+    """The hosts that set `key`, with the file(s) they set it in (also `m3deploy validate`'s for m3_api_key_file)."""
     by_src: dict[str, list[str]] = defaultdict(list)
     for h in hosts:
         if h.data.get(key) is not None:

@@ -60,6 +60,7 @@ def test_the_same_settings_apart_are_valid(tmp_path):
 def test_an_api_key_file_that_is_a_directory_says_so(tmp_path):
     r = run(tmp_path, f"m3_edge = True\nm3_api_key_file = {str(tmp_path)!r}\n")
     assert r.exit_code == 2 and f"key m3_api_key_file: {tmp_path} is a directory, not a file" in r.output, r.output
+    assert "hosts ctl, w1, w2 (" in r.output and "group_data/all.py): key m3_api_key_file" in r.output, r.output
     assert "Fix" in r.output
 
 
