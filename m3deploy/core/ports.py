@@ -4,8 +4,8 @@ m3_node_exporter_port, m3_planner.port, m3_disagg.bootstrap_port, ...), the host
 the key to change. Pure, no I/O (m3deploy.core.validate.check_plan calls it).
 
 A port on two services of one host fails the second one's bind long after drivers and weights are in place; a
-port on the host's ssh_port (sshd's) is refused too: whichever starts second fails, and an exporter on sshd's port
-would lock the deploy out of the host after its next reboot.
+port on the host's ssh_port (sshd's) is refused too: whichever starts second cannot bind it (if the service wins,
+as after a reboot, the host has no sshd for the deploy to reach).
 """
 from __future__ import annotations
 
