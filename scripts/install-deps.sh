@@ -62,7 +62,8 @@ venv="${M3DEPLOY_VENV:-/opt/m3deploy/venv}"
 # (which runs its own dockerd on a private socket); keepalived: `keepalived --config-test` of the rendered
 # keepalived.conf in tests/unit/test_vip_plan.py (its package unit does not start: no /etc/keepalived/keepalived.conf)
 # prometheus: `promtool test rules` of the generated rules in tests/unit/test_rule_windows.py
-# haproxy: the edge's rendered haproxy.cfg run in front of stand-in frontends in tests/unit/test_edge_haproxy.py
+# haproxy: the edge's rendered haproxy.cfg run in front of stand-in frontends in tests/unit/test_edge_haproxy.py, and
+# `haproxy -c` of it with the TLS profile in tests/unit/test_tls_profile.py
 pkgs=(python3 python3-venv systemd-container debootstrap apt-cacher-ng iproute2 openssh-client etcd-server nats-server
       curl ca-certificates openssl rsync docker.io keepalived prometheus haproxy)
 missing=()

@@ -258,17 +258,21 @@ def pretty_service(s) -> str:
 @json_option("Print {inventory, valid, problems, hosts, workers, services} as JSON (exit 2 still when invalid).")
 def validate(inventory, data, as_json):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2. Changes nothing."""
-    from m3deploy.controller import deployed
+    from m3deploy.controller import deployed, user_tls
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems
 
     try:
         hosts, p = load(inventory, data)
         problems = connection_file_problems(hosts)  # the deploy checks them before pyinfra connects: so does validate
+        problems += user_tls.problems(hosts) if p.state != "absent" else []  # the user's edge certificate, key, CA
         if problems:
             raise ValidationError(problems)
         if p.state != "absent":
-            api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+            try:
+                api_key(p)  # the deploy reads m3_api_key_file before any host: so does validate
+            except M3Error as e:  # named like every other refusal: the hosts and the file that set the key
+                raise ValidationError([f"{user_tls.where_set(hosts, 'm3_api_key_file')}: {e}"]) from None
         deployed.refuse_skew(p)  # the deploy refuses a version skew before any host: so does validate
     except M3Error as e:
         if as_json:

@@ -48,6 +48,8 @@ def read_api_keys(path: str, several: bool = False) -> list[str]:
     the key, the file and the fix; the message never holds the file's content."""
     p = Path(path).expanduser()
     where = f"key m3_api_key_file: {p}"
+    if p.is_dir():
+        raise M3Error(f"{where} is a directory, not a file. Fix: name the key file in it (one key per line, chmod 600)")
     if not p.is_file():
         raise M3Error(f"{where} does not exist on the controller (or is not a file). {API_KEY_FIX}")
     require_private(p, where)

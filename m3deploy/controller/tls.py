@@ -235,7 +235,7 @@ def cluster_certs(plan) -> dict[str, str]:
             for name, (address, who) in want.items():
                 if not _current(data, name, address):
                     key = _key()
-                    usage = ("server", "client") if who in ("etcd", "nats") else ("client",)
+                    usage = ("server", "client") if who in ("etcd", "nats", "peer") else ("client",)
                     data[f"tls-key:{name}"] = _pem_key(key)
                     # the subject: the etcd user of a Dynamo client, else none (the address is in the SAN; etcd
                     # 3.4's JSON gateway refuses a CommonName: m3deploy.core.internal_tls.COMMON_NAME says why)

@@ -67,6 +67,16 @@ def catalog() -> dict:
     return _load("catalog.yaml", data_dirs())
 
 
+def tls_profile() -> dict:
+    """data/tls.yaml's named profile (Mozilla "intermediate"): what the edge, etcd and NATS offer. Keys: name,
+    min_version, tls12 ([[OpenSSL name, Go name], ...]), tls13, haproxy_options; and `openssl`, `go`: the TLS 1.2
+    suites in each spelling."""
+    data = _load("tls.yaml", data_dirs())
+    prof = data["profiles"][data["profile"]]
+    return {"name": data["profile"], **prof, "openssl": [o for o, _ in prof["tls12"]],
+            "go": [g for _, g in prof["tls12"]]}
+
+
 def engines() -> dict:
     """data/engines.yaml: per engine and serving mode, the launch command, flag names and multi-host rules."""
     return _load("engines.yaml", data_dirs())

@@ -107,7 +107,7 @@ def _etcd(host: str, a: str, state_dir: str, auth: bool, members: tuple[tuple[st
         + ((Port("metrics", internal_tls.ETCD_METRICS, a),) if tls else ()),
         readiness=Readiness(kind="http", url=health, expect_json=(("health", "true"),), timeout_s=60),
         env_file="/etc/m3/etcd.env", workdir=f"{state_dir}/etcd",
-        secret_files=internal_tls.files("etcd", host, "etcd") if tls else (), tls=tls,
+        secret_files=internal_tls.etcd_files("etcd", host) if tls else (), tls=tls,
         provenance=provenance(argv, env, "plan:etcd", SOURCE, {"--name": "the inventory's host name"})
         + provenance(tls_argv, tls_env, TLS_LAYER, TLS_SOURCE))
 
@@ -219,7 +219,7 @@ def frontend_service(c: Any, host: str, a: str, index: int = 0) -> Service:
             + _env_provenance(c, host, env, r, "plan:dynamo", SOURCE) + tls.provenance)
     return Service(
         name=name, kind="frontend", host=host, argv=argv, env=tuple(env.items()) + tls.env,
-        secret_env=dynamo_secret_env(c.client), ports=(Port("http", port, a),),
+        secret_env=dynamo_secret_env(c.client), ports=(Port("http", port, a, key="m3_frontend_port"),),
         readiness=Readiness(kind="http", url=f"http://{url_host(a)}:{port}/live", timeout_s=r.readiness_timeout_s),
         after=(f"{host}/etcd", f"{host}/nats"), env_file=f"/etc/m3/{name}.env", workdir=f"{c.home}/{name}",
         provenance=prov, secret_files=tls.files, launcher=tls.launcher, tls=c.client.tls, frontend_index=index)

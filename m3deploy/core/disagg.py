@@ -221,19 +221,21 @@ def overrides(r: Any, s: Mapping[str, Any], pool: str, parse_args: Callable, sou
         r.provenance["readiness_timeout_s"] = (r.readiness_timeout_s, layer, src)
 
 
-def ports(args: Mapping[str, Any], env: Mapping[str, str], address: str, rules: Mapping[str, Any]) -> list[Port]:
+def ports(args: Mapping[str, Any], env: Mapping[str, str], address: str, rules: Mapping[str, Any],
+          size: int = 1) -> list[Port]:
     """The KV-transfer ports a disaggregated worker listens on, from what its layers set (the resolved recipe's
     flags and env, before any argv is made): the bootstrap port (SGLang's --disaggregation-bootstrap-port, the
-    mocker's --bootstrap-ports) and vLLM's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT). An engine whose
-    bootstrap server binds every interface, with no flag to choose one, says so in engines.yaml
-    (`disagg_bootstrap_binds_all`): the plan says it too."""
+    mocker's --bootstrap-ports) and vLLM's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT and the next size - 1:
+    one per TP rank, `Port.span`). An engine whose bootstrap server binds every interface, with no flag to choose
+    one, says so in engines.yaml (`disagg_bootstrap_binds_all`): the plan says it too."""
     out = []
     bind = "0.0.0.0" if rules.get("disagg_bootstrap_binds_all") else address
     for flag in ("--disaggregation-bootstrap-port", "--bootstrap-ports"):
         if args.get(flag) is not None:
-            out.append(Port("bootstrap", int(args[flag]), bind))
+            out.append(Port("bootstrap", int(args[flag]), bind, key="m3_disagg.bootstrap_port"))
     if env.get("VLLM_NIXL_SIDE_CHANNEL_PORT"):
-        out.append(Port("nixl", int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), address))
+        out.append(Port("nixl", int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]), address, span=size,
+                        key="m3_disagg.nixl_side_channel_port"))
     return out
 
 

@@ -65,7 +65,8 @@ def edge_service(host: str, address: str, port: int, fronts: list[Service], vip:
         name=EDGE_UNIT, kind="edge", host=host, argv=argv,
         provenance=launch_provenance(argv[:1], "feature:m3_edge", SOURCE) + provenance(argv, (), "feature:m3_edge",
                                                                                          SOURCE),
-        ports=(Port("https", port, address),) + ((Port(VIP_PORT, port, vip),) if vip else ()),
+        ports=(Port("https", port, address, key="m3_edge_port"),)
+        + ((Port(VIP_PORT, port, vip, key="m3_edge_port"),) if vip else ()),
         readiness=Readiness(kind="tcp", address=address, port=port, timeout_s=60),
         after=tuple(f"{f.host}/{f.name}" for f in fronts if f.host == host))
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from m3deploy.core import catalog
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import Service
 
@@ -43,7 +44,13 @@ FILE_ENV = {"ca": "M3_ETCD_CA_FILE", "crt": "M3_ETCD_CERT_FILE", "key": "M3_ETCD
 # talk to etcd's JSON gateway, which answers 400 to any certificate with a CommonName ("CommonName of client
 # sending a request against gateway will be ignored and not used as expected"): they show a `gateway` one, without
 # CommonName, and log in with the password (files/m3-unregister-dead.py).
-COMMON_NAME = {"client": "m3"}
+# etcd's peer port takes only etcd's own peer certificate: `--peer-cert-allowed-cn PEER_CN` (etcd 3.4 checks the
+# CommonName of an incoming peer's certificate in the TLS handshake), and only the `peer` identity has that name;
+# every other certificate of the cluster CA (a worker's `client`, the `gateway`, NATS's) is refused there (issue 35:
+# a worker's client certificate got `GET /members` 200 on 2380). A separate leaf, so that etcd's client-port
+# certificate keeps no CommonName (its gRPC gateway dials etcd with it).
+PEER_CN = "m3-etcd-peer"
+COMMON_NAME = {"client": "m3", "peer": PEER_CN}
 ETCD_LOGIN_ENV = {"ETCD_AUTH_USERNAME": "M3_ETCD_USER", "ETCD_AUTH_PASSWORD": "M3_ETCD_PASSWORD"}
 
 
@@ -77,25 +84,36 @@ def paths(s: Service, who: str = "") -> dict[str, str]:
 
 
 def paths_of(name: str, who: str = "") -> dict[str, str]:
-    """The TLS files of service `name`: its CA, and the certificate and key of identity `who` (a `gateway` one
-    has its own names; every other identity the service's)."""
-    n = f"{name}-{who}" if who == "gateway" else name
+    """The TLS files of service `name`: its CA, and the certificate and key of identity `who` (a `gateway` or
+    `peer` one has its own names; every other identity the service's)."""
+    n = f"{name}-{who}" if who in OWN_FILES else name
     return {"ca": f"{TLS_DIR}/{name}-ca.crt", "crt": f"{TLS_DIR}/{n}.crt", "key": f"{TLS_DIR}/{n}.key"}
+
+
+OWN_FILES = ("gateway", "peer")  # identities beside a service's own: their files are named after them
 
 
 def files(name: str, host: str, who: str) -> tuple[tuple[str, str], ...]:
     """(path, secret ref) of service `name`'s TLS files for identity `who` (Service.secret_files)."""
     p = paths_of(name, who)
-    return (((p["ca"], CA_REF),) if who != "gateway" else ()) + (
+    return (((p["ca"], CA_REF),) if who not in OWN_FILES else ()) + (
         (p["crt"], cert_ref(host, who)), (p["key"], key_ref(host, who)))
 
 
+def etcd_files(name: str, host: str) -> tuple[tuple[str, str], ...]:
+    """etcd's TLS files: its client-port certificate (`etcd`) and its peer certificate (`peer`, PEER_CN)."""
+    return files(name, host, "etcd") + files(name, host, "peer")
+
+
 def etcd_flags(name: str, address: str) -> tuple[str, ...]:
-    """etcd's TLS flags (clients and peers show a certificate of the cluster CA) and its plain metrics listener."""
-    p = paths_of(name)
+    """etcd's TLS flags (clients show a certificate of the cluster CA; peers the peer certificate, PEER_CN) and its
+    plain metrics listener."""
+    p, peer = paths_of(name), paths_of(name, "peer")
     return ("--cert-file", p["crt"], "--key-file", p["key"], "--trusted-ca-file", p["ca"], "--client-cert-auth",
-            "--peer-cert-file", p["crt"], "--peer-key-file", p["key"], "--peer-trusted-ca-file", p["ca"],
-            "--peer-client-cert-auth", "--listen-metrics-urls", f"http://{url_host(address)}:{ETCD_METRICS}")
+            "--peer-cert-file", peer["crt"], "--peer-key-file", peer["key"], "--peer-trusted-ca-file", p["ca"],
+            "--peer-client-cert-auth", "--peer-cert-allowed-cn", PEER_CN,
+            "--cipher-suites", ",".join(catalog.tls_profile()["go"]),  # data/tls.yaml (TLS 1.2: etcd 3.4's minimum)
+            "--listen-metrics-urls", f"http://{url_host(address)}:{ETCD_METRICS}")
 
 
 def etcd_login_env(name: str) -> tuple[tuple[str, str], ...]:
@@ -136,9 +154,10 @@ def client_launcher(name: str) -> tuple[str, ...]:
     return (LAUNCHER, p["ca"], p["crt"], p["key"])
 
 
-def nats_tls(s: Service) -> dict[str, str] | None:
-    """nats.conf's tls blocks (nats.conf.j2), or None without m3_internal_tls."""
-    return paths(s) if s.tls else None
+def nats_tls(s: Service) -> dict[str, Any] | None:
+    """nats.conf's tls blocks (nats.conf.j2): the files and the profile's TLS 1.2 suites (data/tls.yaml; NATS 2.9's
+    minimum is TLS 1.2), or None without m3_internal_tls."""
+    return {**paths(s), "cipher_suites": catalog.tls_profile()["go"]} if s.tls else None
 
 
 def problems(s: Mapping[str, Any], n_control: int) -> list[str]:

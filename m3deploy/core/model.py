@@ -16,6 +16,8 @@ class Port:
     port: int
     address: str  # the address it binds to (the host's cluster address, or "0.0.0.0" when asked)
     protocol: str = "tcp"
+    span: int = 1  # ports it takes from `port` on (vLLM's NIXL side channel: one per TP rank; m3deploy.core.disagg)
+    key: str = ""  # the setting it comes from (m3_edge_port, m3_disagg.bootstrap_port, ...); '' when fixed (etcd's)
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
         services[h.name].append(_service(
             name=NODE_EXPORTER, kind="node-exporter", host=h.name,
             argv=("/usr/bin/prometheus-node-exporter", f"--web.listen-address={u}:{port}"),
-            ports=(Port("metrics", port, a),),
+            ports=(Port("metrics", port, a, key="m3_node_exporter_port"),),
             readiness=Readiness(kind="http", url=f"http://{u}:{port}/metrics", timeout_s=60)))
         nats = next((x for x in services[h.name] if x.kind == "nats"), None)
         if nats is not None:
@@ -130,7 +130,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
                 name=NATS_EXPORTER, kind="nats-exporter", host=h.name,
                 argv=("/usr/bin/python3", NATS_EXPORTER_SCRIPT, "--listen", f"{u}:{port}",
                       "--varz", f"http://{u}:{monitor_port}/varz"),
-                ports=(Port("metrics", port, a),), after=(f"{h.name}/nats",),
+                ports=(Port("metrics", port, a, key="m3_nats_exporter_port"),), after=(f"{h.name}/nats",),
                 readiness=Readiness(kind="http", url=f"http://{u}:{port}/metrics", timeout_s=60)))
         vendor = _gpu_vendor(h)
         exp = exporter_of(vendor) if vendor else {}
@@ -153,7 +153,7 @@ def add_services(services: dict[str, list[Service]], hosts: list, s: Mapping[str
                       f"--storage.tsdb.retention.time={s['m3_prometheus_retention_time']}",
                       f"--storage.tsdb.retention.size={s['m3_prometheus_retention_size']}",
                       f"--web.listen-address={u}:{port}"),
-                ports=(Port("http", port, a),), workdir=workdir,
+                ports=(Port("http", port, a, key="m3_prometheus_port"),), workdir=workdir,
                 readiness=Readiness(kind="http", url=f"http://{u}:{port}/-/ready", timeout_s=120)))
 
 

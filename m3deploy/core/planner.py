@@ -200,6 +200,6 @@ def _actuator(c: Any, services: dict[str, list[Service]], standby: list[str], ad
     return control.client_service(
         c, ACTUATOR_UNIT, "actuator", ctl, addr[ctl], (f"{c.venv}/bin/python", ACTUATOR, "--config", ACTUATOR_CONF),
         readiness=Readiness(kind="process", timeout_s=60), after=(f"{ctl}/{PLANNER_UNIT}",),
-        ports=(Port("orders", int(p["port"]), addr[ctl]),),
+        ports=(Port("orders", int(p["port"]), addr[ctl], key="m3_planner.port"),),
         files=((ACTUATOR_CONF, json.dumps(act_conf, indent=2, sort_keys=True) + "\n"),),
         layer="feature:m3_planner", source="m3deploy/core/planner.py")

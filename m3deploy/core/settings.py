@@ -191,6 +191,12 @@ _KEYS = (
     Key("m3_edge_frontends", int, 2, "with the edge: frontend processes per control host (m3-frontend, "
         "m3-frontend-1, ...; ports from m3_frontend_port): a restart of one is drained while another serves",
         True, range=(1, 8)),
+    Key("m3_edge_timeout_server_s", int, 3600, "the edge's `timeout server` (and client), seconds: a non-streaming "
+        "request gets no byte until its whole answer is made (a 64K-token answer at 30 tokens/s: ~36 min); a stream "
+        "is bounded only by its gaps (docs/OPERATIONS.md \"The edge\")", True, range=(60, 7 * 86400)),
+    Key("m3_edge_retry_body_kb", int, 64, "the edge's buffer (HAProxy tune.bufsize), KB: a request (headers and body) "
+        "up to this less 1 KB is retried on another frontend after a 404/503; a larger one gets the frontend's "
+        "answer; each connection holds two buffers (docs/OPERATIONS.md \"The edge\")", True, range=(16, 1024)),
     Key("m3_vip", str, None, "with the edge and 3 control hosts: one address for the cluster, 'ADDRESS/PREFIX' in "
         "the control hosts' subnet that no host has; keepalived's VRRP moves it to a control host whose edge is "
         "healthy, and the endpoint becomes it (m3deploy.core.vip; docs/OPERATIONS.md)", True, omit_unset=True),
@@ -216,6 +222,8 @@ _KEYS = (
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
     Key("m3_tls_ca_file", str, None, "with m3_tls_cert_file: the CA (PEM) our clients trust for the edge; default "
         "the system's trust store", True),
+    Key("m3_cert_renew_days", int, 30, "the certificates' renewal window, days: a certificate with fewer days left is "
+        "renewed (the cluster CA's) or refused by validate (the user's m3_tls_cert_file)", True, range=(1, 365)),
     Key("m3_weights_source", str, "hub", "where each model repo comes from: 'hub' (every host downloads), "
         "'controller' (its HF cache, then fan-out), 'mirror:<host>' (that host downloads once, then fan-out), "
         "'shared' (one shared filesystem: one host downloads); docs/WEIGHTS.md", True, check="weights_source"),

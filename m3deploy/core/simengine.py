@@ -57,7 +57,7 @@ def scripted_service(worker: Service, args: Mapping[str, Any], port: int, model_
     env = dict(worker.env)
     env.update(HOME="/root" if worker.image else f"{home}/{SCRIPTED}", DYN_SYSTEM_PORT=str(port))
     return replace(worker, name=SCRIPTED, kind="scripted", argv=argv, env=tuple(env.items()),
-                   ports=(Port("system", port, address),),
+                   ports=(Port("system", port, address, key="m3_system_port"),),
                    readiness=Readiness(kind="http", url=f"http://{url_host(address)}:{port}/health",
                                        timeout_s=worker.readiness.timeout_s if worker.readiness else 120),
                    env_file=f"/etc/m3/{SCRIPTED}.env", workdir="" if worker.image else f"{home}/{SCRIPTED}",

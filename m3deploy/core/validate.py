@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from m3deploy.core import catalog, fanout, inputs, layout, mpi, recipes
+from m3deploy.core import catalog, fanout, inputs, layout, mpi, ports, recipes
 from m3deploy.core.errors import plural
 from m3deploy.core.inventory import InvHost
 from m3deploy.core.settings import CLUSTER_KEYS, PARALLEL_RE, cluster_settings, effective_features, get, parse_parallel
@@ -488,10 +488,8 @@ def check_plan(plan, hosts) -> list[str]:
     add = problems.append
     parsers = cat["model"]["parsers"].get(plan.engine, {})
     cat_engines = catalog.engines()
-    data_of = {h.name: h.data for h in hosts}
-    problems += inputs.derived_port_problems(plan, hosts)
+    problems += inputs.derived_port_problems(plan, hosts) + ports.problems(plan, hosts)
     for hp in plan.hosts:
-        bound = defaultdict(list)
         for svc in hp.services:
             argv = list(svc.argv)
             pairs = {}
@@ -520,18 +518,6 @@ def check_plan(plan, hosts) -> list[str]:
             if svc.kind == "worker" and not (cat_engines.get(plan.engine) or {}).get("simulated"):
                 problems += _unstaged_repos(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
                 problems += image_problems(plan, hp.name, svc, cat_engines.get(plan.engine) or {})
-            for p in svc.ports:
-                bound[p.port].append((p.address, svc.name, p.name))
-        ssh_port = int(data_of.get(hp.name, {}).get("ssh_port") or 22)
-        for port, users in bound.items():
-            if port == ssh_port:
-                add(f"host {hp.name}: port {port} of {users[0][1]} ({users[0][2]}) is the host's ssh_port. Fix: "
-                    "change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
-            addrs = [a for a, _, _ in users]  # one port on two specific addresses (the edge's own and m3_vip's)
-            if len(users) > 1 and (len(set(addrs)) < len(addrs) or set(addrs) & {"", "0.0.0.0", "::"}):
-                add(f"host {hp.name}: port {port} is used by "
-                    + ", ".join(f"{s} ({n})" for _, s, n in users)
-                    + ". Fix: change m3_frontend_port / m3_worker_port / m3_system_port / m3_kv_events_port")
     return problems
 
 

@@ -104,7 +104,7 @@ def draft(c: Any, rk: Rank) -> tuple[Service, recipes.Resolved]:
         (None if rules.get("simulated") else r.image)
     svc_ports, readiness = _worker_endpoints(c, rk, r, rules, info, ports, image, timeout)
     svc_ports, readiness = _multi_host(rk, r, rules, fill, svc_ports, readiness, timeout)
-    svc_ports += disagg.ports(r.args, r.env, rk.address, rules)  # m3_disagg: KV-transfer ports
+    svc_ports += disagg.ports(r.args, r.env, rk.address, rules, c.size)  # m3_disagg: KV-transfer ports
     head = _launch_line(c, r, rules, fill)
     docker = _docker_args(c, rk, r, info) if image else []
     files = _engine_files(c, rk, r, rules, docker if image else None)
@@ -223,12 +223,12 @@ def _worker_endpoints(c: Any, rk: Rank, r: recipes.Resolved, rules: Mapping[str,
         plan_env += control.dynamo_env(address, c.client, whome)
         plan_env += [("DYN_SYSTEM_PORT", str(ports["system"])),
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
-        out = [Port("system", ports["system"], address)]
+        out = [Port("system", ports["system"], address, key="m3_system_port")]
         if rules.get("kv_events"):
-            out.append(Port("kv-events", ports["kv"], address))
+            out.append(Port("kv-events", ports["kv"], address, key="m3_kv_events_port"))
         health = ports["system"]
     else:
-        out, health = [Port("http", ports["http"], address)], ports["http"]
+        out, health = [Port("http", ports["http"], address, key="m3_worker_port")], ports["http"]
     readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{health}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
     if not rules.get("simulated"):  # GPU env

@@ -11,7 +11,7 @@ from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra_cli.exceptions import CliError
 
-from m3deploy.controller import deployed
+from m3deploy.controller import deployed, user_tls
 from m3deploy.core import build as planmod
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.inventory import InvHost, unmatched_group_data
@@ -93,6 +93,9 @@ def cluster_plan() -> ClusterPlan:
                 raise ValidationError(e.problems + (unmatched_group_data(inventory_file()) if inventory_file()
                                                     else [])) from None
             deployed.refuse_skew(cached)  # a version skew catalog.yaml forbids: ValidationError, before any host
+            tls_problems = user_tls.problems(hosts) if cached.state != "absent" else []  # the user's edge cert/key/CA
+            if tls_problems:
+                raise ValidationError(tls_problems)
             if cached.state != "absent":
                 _prepare_controller(cached)
             _warn_unmanaged(cached)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import urllib.parse
 
-from m3deploy.core import components, edge
+from m3deploy.core import catalog, components, edge
 from m3deploy.core.inputs import url_host
 from m3deploy.core.model import ClusterPlan, Service
 from m3deploy.deploy.hostfile import HostFile, package_mask, unit_path
@@ -49,11 +49,13 @@ def ready_uri(model: str) -> str:
 
 
 def config(cp: ClusterPlan, s: Service) -> HostFile:
+    st = dict(cp.settings)
     text = render("haproxy.cfg.j2", cluster=cp.name, socket=edge.EDGE_SOCKET, pem=edge.EDGE_PEM,
                   keys=edge.EDGE_KEYS, keys_required=keys_required(cp), frontend=edge.FRONTEND, binds=binds(s),
                   backend=edge.BACKEND, servers=servers(cp), connect_ms=CONNECT_MS, retries=RETRIES,
-                  check_ms=CHECK_MS, model=cp.served_model_name,
-                  ready_uri=ready_uri(cp.served_model_name))
+                  check_ms=CHECK_MS, model=cp.served_model_name, ready_uri=ready_uri(cp.served_model_name),
+                  tls=catalog.tls_profile(), timeout_s=int(st["m3_edge_timeout_server_s"]),
+                  bufsize=int(st["m3_edge_retry_body_kb"]) * 1024)
     return HostFile(edge.EDGE_CONF, text)
 
 

@@ -164,5 +164,6 @@ def test_the_followers_sshd_port_is_checked_like_every_plan_port(monkeypatch, tm
     monkeypatch.setenv("M3DEPLOY_CONFIG", str(tmp_path / "config"))
     with pytest.raises(ValidationError) as e:
         load_plan("inventories/gb200.py", [*TRTLLM, "ssh_port=2222"], facts=False)
-    assert any(p.startswith(f"host {T2}: port 2222 of m3-worker@0 (mpi-ssh) is the host's ssh_port")
+    assert any(p.startswith(f"host {T2} (--data): port 2222 of m3-worker@0 (mpi-ssh, a fixed port")
+               and "is the host's ssh_port" in p and "Fix: change ssh_port" in p  # engines.yaml's port: no key
                for p in e.value.problems), e.value.problems

@@ -12,6 +12,9 @@ in a temporary directory, deployed with `--data m3_internal_tls=true` (etcd auth
 3. nothing but sshd listens on a wildcard address, and no private key or password is in a world-readable file;
 4. a killed worker's records are revoked through etcd's TLS port (files/m3-unregister-dead.py with the gateway
    certificate), and the worker is listed again.
+4b. etcd's peer port refuses a worker's client certificate (the client port takes it), and the members still
+   have a leader and every peer active (issue 35); the edge refuses `openssl s_client -tls1_2 -cipher AES128-SHA`
+   and any CBC suite (the TLS profile, data/tls.yaml).
 5. the cluster's address (m3_vip, keepalived on the 3 control hosts): the testbed is made with `net-admin`, the
    deploy adds `--data m3_edge=true --data m3_edge_frontends=1 --data m3_vip=<subnet>.200/24`; verify's vip/holder
    (exactly one control host holds it) and the endpoint's checks at it (HTTPS with the CA) pass; the holder's
@@ -135,6 +138,69 @@ def test_etcd_and_nats_refuse_clients_without_a_certificate(cluster):
         routez = json.loads(py(worker, "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read()"
                                        ".decode())", f"http://{m.address}:{m.port}/routez"))
         assert routez["num_routes"] == len(_svc(cluster, "nats")) - 1, routez  # the routes came up over TLS
+
+
+# on a host: TLS to HOST:PORT with a client certificate (CRT, KEY) of the cluster CA, then GET PATH
+_WITH_CERT = r"""
+import socket, ssl, sys
+host, port, ca, crt, key, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+ctx = ssl.create_default_context(cafile=ca)
+ctx.load_cert_chain(crt, key)
+try:
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            s.settimeout(10)
+            got = s.recv(4096)
+    print("ANSWERED" if got else "REFUSED closed", got[:80])
+except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as e:
+    print("REFUSED", type(e).__name__, str(e)[:80])
+"""
+
+
+def test_etcd_peers_refuse_a_workers_certificate_and_still_form_the_cluster(cluster):
+    """Issue 35: a worker's client certificate (of the same cluster CA) got GET /members 200 on etcd's peer port.
+    Now the peer port takes only the peer leaf (--peer-cert-allowed-cn); the same certificate still works on the
+    client port, and the members still elect a leader over their peer certificates."""
+    h, w = _svc(cluster, "worker")[0]
+    files = dict((path, ref) for path, ref in w.secret_files)
+    crt = next(p for p, r in files.items() if r.startswith("tls-cert:") and r.endswith(":client"))
+    key = next(p for p, r in files.items() if r.startswith("tls-key:") and r.endswith(":client"))
+    ca = next(p for p, r in files.items() if r == "cluster-ca-cert")
+    for c, e in _svc(cluster, "etcd"):
+        peer, client = e.port("peer"), e.port("client")
+        got = py(h.name, _WITH_CERT, peer.address, peer.port, ca, crt, key, "/members")
+        assert got.startswith("REFUSED SSL"), (c.name, got)  # the handshake fails (an alert), not an empty answer
+        got = py(h.name, _WITH_CERT, client.address, client.port, ca, crt, key, "/health")
+        assert got.startswith("ANSWERED") and " 200 " in got, (c.name, got)  # a valid certificate, on its port
+        m = e.port("metrics")
+        metrics = py(h.name, "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read().decode())",
+                     f"http://{m.address}:{m.port}/metrics")
+        assert "etcd_server_has_leader 1" in metrics, c.name
+        peers = [ln for ln in metrics.splitlines() if ln.startswith("etcd_network_active_peers{")]
+        assert len(peers) == len(_svc(cluster, "etcd")) - 1 and all(ln.endswith(" 1") for ln in peers), peers
+
+
+def _s_client(address: str, port: int, *args: str) -> str:
+    """openssl s_client on the controller (it reaches the testbed's bridge): the negotiated cipher line."""
+    import subprocess
+
+    r = subprocess.run(["openssl", "s_client", "-connect", f"{address}:{port}", *args], input="",
+                       capture_output=True, text=True, timeout=30)
+    return next((ln.strip() for ln in r.stdout.splitlines() if "Cipher is" in ln), "no Cipher line")
+
+
+@pytest.mark.skipif(not EDGE, reason="M3_ITLS_VIP=0 and no M3_ITLS_EDGE: no edge in this run")
+def test_the_edge_offers_only_the_tls_profile(cluster):
+    """data/tls.yaml (Mozilla intermediate): TLS 1.2 with ECDHE + AEAD only, TLS 1.3; no CBC/SHA-1 suite."""
+    for h, s in _svc(cluster, "edge"):
+        p = s.port("https")
+        assert _s_client(p.address, p.port, "-tls1_2", "-cipher", "AES128-SHA") == "New, (NONE), Cipher is (NONE)"
+        assert _s_client(p.address, p.port, "-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-SHA") == (
+            "New, (NONE), Cipher is (NONE)"), h.name
+        assert _s_client(p.address, p.port, "-tls1_2").startswith("New, TLSv1.2, Cipher is ECDHE-ECDSA-"), h.name
+        assert "TLSv1.3" in _s_client(p.address, p.port, "-tls1_3"), h.name
+        assert "TLSv1.1" not in _s_client(p.address, p.port, "-tls1_1"), h.name
 
 
 def test_only_sshd_on_wildcard_and_no_secret_world_readable(cluster):

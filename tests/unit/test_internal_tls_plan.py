@@ -72,6 +72,23 @@ def test_etcd_wants_client_and_peer_certificates():
     assert first["M3_ETCD_URL"].startswith("https://") and first["M3_ETCD_CERT"] == "/etc/m3/tls/etcd.crt"
 
 
+def test_etcd_peers_take_only_the_peer_certificate():
+    """etcd's peer port (2380) accepts only the `peer` leaf (CommonName internal_tls.PEER_CN, --peer-cert-allowed-cn);
+    a worker's client certificate, the gateway's and NATS's are of the same CA but not that name (issue 35)."""
+    from cryptography import x509
+
+    p = build(hosts(3), name="t")
+    a = " ".join(svc(p, "ctl1", "etcd").argv)
+    assert f"--peer-cert-allowed-cn {internal_tls.PEER_CN}" in a
+    assert "--peer-cert-file /etc/m3/tls/etcd-peer.crt --peer-key-file /etc/m3/tls/etcd-peer.key" in a
+    assert "--cert-file /etc/m3/tls/etcd.crt" in a  # the client port keeps its own certificate
+    certs = tls.cluster_certs(p)
+    cn = {ref: x509.load_pem_x509_certificate(pem.encode()).subject.get_attributes_for_oid(
+          x509.oid.NameOID.COMMON_NAME) for ref, pem in certs.items() if ref.startswith("tls-cert:")}
+    peers = {ref for ref, names in cn.items() if [n.value for n in names] == [internal_tls.PEER_CN]}
+    assert peers == {f"tls-cert:ctl{i}:peer" for i in range(3)}, cn
+
+
 def test_dynamo_clients_get_the_env_names_dynamo_reads():
     p = build(hosts(), name="t")
     for host, kind in (("ctl0", "frontend"), ("w0", "worker")):
