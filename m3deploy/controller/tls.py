@@ -149,8 +149,8 @@ def new_ca(cluster: str, validity: int) -> tuple[str, str]:
 def bundle(data: dict) -> str:
     """The trust bundle: the CA's certificate, with the next or the previous one during a rotation, oldest
     first (so the bundle's text is the same before and after the next CA takes over)."""
-    pems = [data[k] for k in (CA_CERT, NEXT_CERT, PREV_CERT) if k in data]
-    return "".join(sorted(pems, key=lambda p: load_cert(p).not_valid_before_utc))
+    certs = [load_cert(data[k]) for k in (CA_CERT, NEXT_CERT, PREV_CERT) if k in data]
+    return "".join(_pem_cert(c) for c in sorted(certs, key=lambda c: (c.not_valid_before_utc, c.serial_number)))
 
 
 def _sans(cert_pem: str) -> list[str]:
