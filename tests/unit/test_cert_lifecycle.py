@@ -169,3 +169,11 @@ def test_certs_command_lists_them_and_exits_1_inside_the_window(tmp_path):
     assert all({"hosts", "not_after", "days_left", "issuer"} <= set(x) for x in rows)
     r = CliRunner().invoke(main, ["certs", str(inv), "--data", "m3_cert_renew_days=800"])
     assert r.exit_code == 1 and "inside the renewal window" in r.output and "edge" in r.output, r.output
+
+
+def test_validate_refuses_a_ca_that_would_rotate_at_once():
+    from m3deploy.core.errors import ValidationError
+
+    with pytest.raises(ValidationError, match=r"key m3_ca_validity_days: 700 days.*= 760 days left\). Fix"):
+        plan(m3_ca_validity_days=700)
+    plan(m3_ca_validity_days=761)

@@ -15,6 +15,8 @@ Every check is derived from the ClusterPlan (m3deploy.core.build.build), never h
   URL (etcd /health says healthy, NATS /healthz?js-enabled-only=true, frontend /live, worker system-port
   /health); `instances/...` the frontend's /health lists every planned worker instance (endpoint
   "generate") on the planned worker addresses.
+- `cert/...`: each certificate the controller can see, its days left; fails inside the renewal window
+  (m3deploy.check.verify.certs).
 - smoke requests through the frontend (m3deploy.check.verify.smoke).
 
 A check is a function returning its evidence (a short string) or raising CheckFailed(evidence). The
