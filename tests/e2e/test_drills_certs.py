@@ -90,6 +90,27 @@ def stored_edge(p) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def started(p) -> dict[str, str]:
+    """{host/unit: when systemd last started it} for every unit that holds TLS files of the cluster CA."""
+    out = {}
+    for h in p.hosts:
+        units = [s.unit for s in h.services if any(r.startswith("tls-") for _, r in s.secret_files)]
+        if units:
+            got = TB.on(h.name, "systemctl show -p ActiveEnterTimestampMonotonic " + " ".join(units))
+            out.update({f"{h.name}/{u}": v for u, v in zip(units, got.split())})
+    return out
+
+
+def rolled_out(p, before: dict[str, str], out: str) -> str:
+    """Every TLS unit restarted since `before`, the frontends drained at the edge, the workers rolled."""
+    after = started(p)
+    same = [u for u in before if after.get(u) == before[u]]
+    assert before and not same, f"not restarted: {same}"
+    fronts = sum(1 for h in p.hosts for s in h.services if s.kind == "frontend")
+    assert out.count("drained at the edge") >= fronts and "rolled " in out, out[-4000:]
+    return f"{len(before)} units restarted ({fronts} frontends drained at the edge, workers rolled)"
+
+
 def load(p, ca: str) -> Load:
     return Load(p.endpoint, p.served_model_name, concurrency=4, duration_s=1500, ca_file=ca, timeout_s=30)
 
@@ -131,7 +152,7 @@ def test_verify_fails_only_the_certificates_inside_the_window(cluster):
 
 def test_re_run_re_issues_every_certificate_under_load(cluster):
     p, ca = cluster
-    before = certs(*SHORT)
+    before, units = certs(*SHORT), started(p)
     with load(p, ca) as ld:
         time.sleep(5)
         t0 = time.monotonic()
@@ -141,8 +162,9 @@ def test_re_run_re_issues_every_certificate_under_load(cluster):
         stats = ld.stop()
     after = certs(*SHORT)
     leaves = [n for n in before if not n.startswith("cluster CA")]
+    how = rolled_out(p, units, out)
     _record("re-run with every certificate inside the window: all re-issued and rolled out", stats, took,
-            f"{len(leaves)} certificates re-issued; frontends drained at the edge, workers rolled, the edge reloaded")
+            f"{len(leaves)} certificates re-issued; {how}; the edge reloaded (serves the new one)")
     assert all(f"re-issue {n} (" in out for n in leaves), out[-4000:]
     assert all(after[n]["not_after"] > before[n]["not_after"] for n in leaves), (before, after)
     assert stats.ok > 0 and stats.failed == 0, stats.details[:10]
@@ -154,6 +176,7 @@ def test_re_run_re_issues_every_certificate_under_load(cluster):
 def test_ca_rotation_keeps_every_client_connected(cluster):
     p, ca = cluster
     old_issuer = certs()["cluster CA"]["subject"]
+    units = started(p)
     with load(p, ca) as ld:  # trusts only the old CA: step 1 changes nothing it sees
         time.sleep(5)
         t0 = time.monotonic()
@@ -162,25 +185,29 @@ def test_ca_rotation_keeps_every_client_connected(cluster):
         time.sleep(5)
         stats = ld.stop()
     assert "CA rotation step 1 of 3" in out, out[-4000:]
-    _record("CA rotation step 1: the new CA trusted beside the old (clients with the old ca.pem)", stats, took)
+    _record("CA rotation step 1: the new CA trusted beside the old (clients with the old ca.pem)", stats, took,
+            rolled_out(p, units, out))
     assert stats.ok > 0 and stats.failed == 0, stats.details[:10]
     assert open(ca).read().count("BEGIN CERTIFICATE") == 2
     got = verify()
     assert got["rc"] == 0, got["bad"]
+    took, notes = 0.0, []
     with load(p, ca) as ld:  # the new ca.pem: both CAs
         for step in (2, 3):
             time.sleep(5)
+            units = started(p)
             t0 = time.monotonic()
             out = deploy()
-            took = time.monotonic() - t0
+            took += time.monotonic() - t0
             assert f"CA rotation step {step} of 3" in out, out[-4000:]
+            notes.append(f"step {step}: {rolled_out(p, units, out)}")
             got = verify()
             assert got["rc"] == 0, (step, got["bad"])
-            print(f"step {step}: deploy {took:.0f} s; verify passes")
+            print(f"step {step}: deploy done; verify passes")
         time.sleep(5)
         stats = ld.stop()
     _record("CA rotation steps 2 and 3: the new CA signs everything, then the old one dropped (one load, clients "
-            "with ca.pem of step 1)", stats, took, "verify passes after each step")
+            "with ca.pem of step 1)", stats, took, "; ".join(notes) + "; verify passes after each step")
     assert stats.ok > 0 and stats.failed == 0, stats.details[:10]
     listed = certs()
     assert listed["cluster CA"]["subject"] != old_issuer and "cluster CA (previous)" not in listed
