@@ -148,7 +148,8 @@ def test_verify_checks_each_certificate_and_fails_inside_the_window():
     assert "days left" in checks["cert/cluster-ca"].fn(None)
     certs.renew(plan())
     assert all("729 days left" in c.fn(None) for i, c in
-               {c.id: c for c in cert_checks(plan())}.items() if i != "cert/cluster-ca")
+               {c.id: c for c in cert_checks(plan())}.items() if i != "cert/cluster-ca" and
+               not i.startswith("cert/served/"))  # (what the edge serves: the next test)
 
 
 def test_certs_command_lists_them_and_exits_1_inside_the_window(tmp_path):
@@ -177,3 +178,45 @@ def test_validate_refuses_a_ca_that_would_rotate_at_once():
     with pytest.raises(ValidationError, match=r"key m3_ca_validity_days: 700 days.*= 760 days left\). Fix"):
         plan(m3_ca_validity_days=700)
     plan(m3_ca_validity_days=761)
+
+
+def test_verify_reads_the_days_left_of_the_certificate_the_edge_serves(tmp_path):
+    import socket
+    import ssl
+    import threading
+
+    def local(**data):
+        return build([InvHost("ctl0", ("control",), {**SIM, **data, "m3_address": "127.0.0.1"}),
+                      InvHost("w0", ("workers",), {**SIM, **data, "m3_address": "10.0.0.20"})], name="life")
+
+    p = local()
+    certs.renew(p)
+    pem = tmp_path / "edge.pem"
+    pem.write_text(tls.edge_pem(p))
+    pem.chmod(0o600)
+    srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    srv.load_cert_chain(str(pem))
+    port = next(x.port for h in p.hosts for s in h.services if s.kind == "edge" for x in s.ports)
+    sock = socket.create_server(("127.0.0.1", port))
+
+    def serve():
+        for _ in range(2):
+            conn, _ = sock.accept()
+            try:
+                srv.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        served = {c.id: c for c in cert_checks(p)}["cert/served/ctl0"]
+        assert "729 days left" in served.fn(None) and "CN=m3deploy edge life" in served.fn(None)
+    finally:
+        sock.close()
+    wide = {c.id: c for c in cert_checks(local(m3_cert_renew_days=800))}["cert/served/ctl0"]
+    sock = socket.create_server(("127.0.0.1", port))
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(CheckFailed, match=r"729 days left.*inside the renewal window \(800 days\)"):
+            wide.fn(None)
+    finally:
+        sock.close()
