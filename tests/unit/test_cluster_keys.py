@@ -36,6 +36,7 @@ PAIRS = {
     "m3_edge_frontends": (2, 1), "m3_internal_tls": (False, True), "m3_tls_cert_file": ("/etc/m3-a/edge.pem", "/etc/m3-b/edge.pem"),
     "m3_tls_key_file": ("/etc/m3-a/edge.key", "/etc/m3-b/edge.key"),
     "m3_tls_ca_file": ("/etc/m3-a/ca.pem", "/etc/m3-b/ca.pem"),
+    "m3_cert_renew_days": (30, 20), "m3_cert_validity_days": (730, 365), "m3_ca_validity_days": (3650, 1800),
     "m3_vip": ("10.0.0.200/24", "10.0.0.201/24"), "m3_vip_router_id": (7, 8),
     "m3_disagg": ({}, {"prefill": {"workers": 1}, "decode": {"workers": 1}}),
     "m3_planner": ({}, {"max": 3}),
