@@ -23,6 +23,7 @@ def certs(inventory, as_json, data):
 
     from m3deploy.controller import certs as lifecycle
     from m3deploy.controller import secrets as store
+    from m3deploy.controller import tls
 
     try:
         plan = load_plan(inventory, data, facts=False)
@@ -38,7 +39,7 @@ def certs(inventory, as_json, data):
         click.echo(f"no certificates for cluster {plan.name} (the deploy makes them with m3_edge or "
                    f"m3_internal_tls; store: {store.secrets_path(plan.name)})")
     else:
-        t = Table(title=f"certificates of {plan.name} (renewal window {plan_days(plan)} days)")
+        t = Table(title=f"certificates of {plan.name} (renewal window {tls.days(plan, 'm3_cert_renew_days')} days)")
         for col in ("name", "hosts", "not after", "days left", "issuer", "due"):
             t.add_column(col)
         for r in rows:
@@ -47,8 +48,3 @@ def certs(inventory, as_json, data):
         Console(width=200).print(t)
     raise SystemExit(1 if any(r["due"] for r in rows) else 0)
 
-
-def plan_days(plan) -> int:
-    from m3deploy.controller import tls
-
-    return tls.days(plan, "m3_cert_renew_days")

@@ -62,7 +62,7 @@ def _cert(name, source, role, hosts, pem: str, now, ours=True) -> Cert:
 
 def own_edge(plan) -> bool:
     """Does the plan's edge serve a certificate of the cluster CA (not the user's m3_tls_cert_file)?"""
-    return bool(tls.edge_names(plan)) and not tls._settings(plan).get("m3_tls_cert_file")
+    return bool(tls.edge_names(plan)) and not dict(plan.settings).get("m3_tls_cert_file")
 
 
 def _edge_hosts(plan) -> tuple[str, ...]:
@@ -72,7 +72,7 @@ def _edge_hosts(plan) -> tuple[str, ...]:
 def inventory(plan, data: dict | None = None, now: datetime.datetime | None = None) -> list[Cert]:
     """Every certificate the plan uses that the controller can see, without making any."""
     data = store.load_secrets(plan.name) if data is None else data
-    now = now or tls._now()
+    now = now or tls.now_utc()
     out = []
     uses_ca = bool(tls.wanted(plan)) or own_edge(plan)
     hosts = tuple(sorted({h.name for h in plan.hosts if _tls_host(h)} | set(_edge_hosts(plan))))
@@ -82,7 +82,7 @@ def inventory(plan, data: dict | None = None, now: datetime.datetime | None = No
             out.append(_cert(label, ref, role, hosts, data[ref], now))
     if own_edge(plan) and tls.EDGE_CERT in data:
         out.append(_cert("edge", tls.EDGE_CERT, "server", _edge_hosts(plan), data[tls.EDGE_CERT], now))
-    user = tls._settings(plan).get("m3_tls_cert_file")
+    user = dict(plan.settings).get("m3_tls_cert_file")
     if user and tls.edge_names(plan) and Path(user).expanduser().is_file():
         text = Path(user).expanduser().read_text()
         if "-----BEGIN CERTIFICATE-----" in text:  # the first certificate of the chain: the edge's own
@@ -146,7 +146,7 @@ def _ca_step(plan, data: dict) -> str:
             data.pop(tls.PREV_CERT)
             msg = "CA rotation step 3 of 3: the previous CA dropped from the trust bundle"
     else:
-        ca = _cert("cluster CA", tls.CA_CERT, "ca", (), data[tls.CA_CERT], tls._now())
+        ca = _cert("cluster CA", tls.CA_CERT, "ca", (), data[tls.CA_CERT], tls.now_utc())
         why = due(plan, ca, data)
         if not why:
             return ""
@@ -171,7 +171,7 @@ def renew(plan) -> list[str]:
             notes += [step] if step else []
             for c in inventory(plan, data):
                 if c.role in ("server", "peer", "client") and c.renewed_by_deploy:
-                    why = due(plan, c, data) or ("" if tls._by_ca(data, c.source) else "not of the signing CA")
+                    why = due(plan, c, data) or ("" if tls.by_ca(data, c.source) else "not of the signing CA")
                     if why:
                         data.pop(c.source)
                         data.pop(c.source.replace("-cert", "-key", 1), None)  # tls-cert:... / edge-tls-cert

@@ -85,7 +85,7 @@ def load_cert(pem: str):
     return x509.load_pem_x509_certificate(pem.encode())
 
 
-def _now() -> datetime.datetime:
+def now_utc() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
@@ -96,7 +96,7 @@ def _cert(subject: str, key, days: int, issuer=None, sans=(), usage: str = ""):
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = _now()
+    now = now_utc()
     ca = issuer is None
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)] if subject else [])
     issuer_cert, issuer_key = issuer or (None, key)
@@ -142,7 +142,7 @@ def new_ca(cluster: str, validity: int) -> tuple[str, str]:
     """(key PEM, certificate PEM) of a new cluster CA. Its subject names the moment it was made, so that two CAs
     trusted together during a rotation never share a name."""
     key = _key()
-    cert = _cert(f"m3deploy cluster CA {cluster} {_now():%Y-%m-%d %H:%M:%S}", key, validity)
+    cert = _cert(f"m3deploy cluster CA {cluster} {now_utc():%Y-%m-%d %H:%M:%S}", key, validity)
     return _pem_key(key), _pem_cert(cert)
 
 
@@ -161,7 +161,7 @@ def _sans(cert_pem: str) -> list[str]:
     return sorted([str(v) for v in alt.get_values_for_type(x509.IPAddress)] + alt.get_values_for_type(x509.DNSName))
 
 
-def _by_ca(data: dict, ref: str) -> bool:
+def by_ca(data: dict, ref: str) -> bool:
     """Is the certificate `ref` of the store signed by its current CA?"""
     return load_cert(data[ref]).issuer == load_cert(data[CA_CERT]).subject
 
@@ -173,7 +173,7 @@ def _signer(data: dict):
 
 
 def _edge_current(data: dict, names: list[str]) -> bool:
-    return EDGE_CERT in data and EDGE_KEY in data and _sans(data[EDGE_CERT]) == sorted(names) and _by_ca(data,
+    return EDGE_CERT in data and EDGE_KEY in data and _sans(data[EDGE_CERT]) == sorted(names) and by_ca(data,
                                                                                                         EDGE_CERT)
 
 
@@ -295,7 +295,7 @@ def _current(data: dict, name: str, address: str) -> bool:
     want_cn = internal_tls.common_name(name.rsplit(":", 1)[1])
     if load_cert(cert).subject.rfc4514_string() != (f"CN={want_cn}" if want_cn else ""):
         return False  # made with another subject (etcd's gateway refuses a CommonName; Dynamo logs in by one)
-    return _sans(cert) == [address] and _by_ca(data, f"tls-cert:{name}")
+    return _sans(cert) == [address] and by_ca(data, f"tls-cert:{name}")
 
 
 def cluster_certs(plan) -> dict[str, str]:

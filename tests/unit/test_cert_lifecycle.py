@@ -121,7 +121,7 @@ def test_the_ca_is_rotated_in_three_deploys_with_both_trusted_between(tmp_path):
     assert notes[0].startswith("CA rotation step 2 of 3")
     step2 = store()
     assert step2[tls.CA_CERT] == step1[tls.NEXT_CERT] and step2[tls.PREV_CERT] == step1[tls.CA_CERT]
-    assert all(tls._by_ca(step2, k) for k in leaves(step2))  # every certificate re-issued by the new CA
+    assert all(tls.by_ca(step2, k) for k in leaves(step2))  # every certificate re-issued by the new CA
     bundle2 = tls.cluster_certs(p80)[internal_tls.CA_REF]
     assert bundle2 == bundle1  # the bundle's text did not change: only the certificates did
     # the overlap: the hosts still holding step 1's certificates and those holding step 2's trust each other
@@ -197,26 +197,28 @@ def test_verify_reads_the_days_left_of_the_certificate_the_edge_serves(tmp_path)
     srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     srv.load_cert_chain(str(pem))
     port = next(x.port for h in p.hosts for s in h.services if s.kind == "edge" for x in s.ports)
-    sock = socket.create_server(("127.0.0.1", port))
 
-    def serve():
-        for _ in range(2):
-            try:
-                conn, _ = sock.accept()
-                srv.wrap_socket(conn, server_side=True).close()
-            except (ssl.SSLError, OSError):  # (the socket closed: the test is done)
-                pass
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        served = {c.id: c for c in cert_checks(p)}["cert/served/ctl0"]
-        assert "729 days left" in served.fn(None) and "CN=m3deploy edge life" in served.fn(None)
-    finally:
-        sock.close()
+    def serve(sock, n: int) -> threading.Thread:
+        """Answer `n` handshakes on `sock`, in a thread the test joins (no thread may outlive it: pyinfra's gevent
+        patches the process in a later test)."""
+        def run():
+            for _ in range(n):
+                try:
+                    conn, _ = sock.accept()
+                    srv.wrap_socket(conn, server_side=True).close()
+                except (ssl.SSLError, OSError):
+                    pass
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    served = {c.id: c for c in cert_checks(p)}["cert/served/ctl0"]
     wide = {c.id: c for c in cert_checks(local(m3_cert_renew_days=800))}["cert/served/ctl0"]
-    sock = socket.create_server(("127.0.0.1", port))
-    threading.Thread(target=serve, daemon=True).start()
-    try:
+    with socket.create_server(("127.0.0.1", port)) as sock:
+        t = serve(sock, 2)
+        said = served.fn(None)
         with pytest.raises(CheckFailed, match=r"729 days left.*inside the renewal window \(800 days\)"):
             wide.fn(None)
-    finally:
-        sock.close()
+        t.join(10)
+    assert not t.is_alive()
+    assert "729 days left" in said and "CN=m3deploy edge life" in said

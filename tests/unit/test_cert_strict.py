@@ -138,7 +138,7 @@ def test_a_strict_context_refuses_a_certificate_without_key_identifiers(tmp_path
     data = tls.ensure_cluster_tls(_plan())
     ca_cert, ca_key = tls._signer(data)
     key = tls._key()
-    now = tls._now()
+    now = tls.now_utc()
     old = (x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(ca_cert.subject)
            .public_key(key.public_key()).serial_number(x509.random_serial_number())
            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=30))
