@@ -98,7 +98,8 @@ class LazyGroup(click.Group):
             "artifacts": "m3deploy.cli.artifacts:artifacts",
             "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render",
             "status": "m3deploy.cli.status:status",
-            "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards"}
+            "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards",
+            "certs": "m3deploy.cli.certs:certs"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))

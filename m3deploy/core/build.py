@@ -182,8 +182,7 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     monitor.add_services(services, hosts, s, addr)  # m3_monitor: exporters everywhere, Prometheus (core/monitor.py)
     model_repos = _model_repos(c, hosts, services)
     host_plans = [_host_plan(c, h, addr[h.name], services[h.name], _span(c, workers)) for h in hosts]
-    recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS
-                            if k in s and (s[k] or not settings.KEYS[k].omit_unset))) + (
+    recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s and _recorded(k, s[k]))) + (
         ("m3_features_effective", list(c.features)),)
     return ClusterPlan(
         name=name, platform=settings.get(ref.data, "m3_platform") or "", variant=s["m3_variant"],
@@ -194,6 +193,12 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
         venv=c.venv if serving == "dynamo" else "", model_dir=c.model_dir, model_repos=model_repos,
         rollout=rollout_plan(s), nats=nats_plan(s, name) if c.nats else None, settings=recorded,
         generation=c.generation if serving == "dynamo" else None)
+
+
+def _recorded(key: str, value) -> bool:
+    """Does the plan record this cluster key (`Key.omit_unset`: only when set to another value than its default)?"""
+    k = settings.KEYS[key]
+    return not k.omit_unset or bool(value) and value != k.default
 
 
 def _span(c: _Common, workers: list[InvHost]) -> int:

@@ -166,3 +166,13 @@ def problems(s: Mapping[str, Any], n_control: int) -> list[str]:
                 "Fix: m3_serving = 'dynamo' with a control group, or remove m3_internal_tls"]
     return []
 
+
+
+def lifetime_problems(s: Mapping[str, Any]) -> list[str]:
+    """The cluster CA's lifetime settings (m3deploy.controller.certs): a new CA must outlast its rotation window."""
+    ca, renew, leaf = (int(s[k]) for k in ("m3_ca_validity_days", "m3_cert_renew_days", "m3_cert_validity_days"))
+    if ca <= renew + leaf:
+        return [f"key m3_ca_validity_days: {ca} days: a new cluster CA would start its rotation at once (it rotates "
+                f"with m3_cert_renew_days + m3_cert_validity_days = {renew + leaf} days left). Fix: "
+                f"m3_ca_validity_days above {renew + leaf}, or a shorter m3_cert_validity_days"]
+    return []

@@ -28,7 +28,8 @@ class Key:
     check: str = ""  # what m3deploy.core.inputs checks beyond the type (see CHECKS), e.g. "port", "path:teardown"
     values: tuple = ()  # allowed values, when a fixed set
     range: tuple = ()  # (min, max) of a number, inclusive
-    omit_unset: bool = False  # a cluster key the plan records only when set (so that adding it changed no plan)
+    omit_unset: bool = False  # a cluster key the plan records only when set to another value than its default (so
+    #                           that adding it changed no plan)
 
     def parse(self, value: Any) -> tuple[Any, str]:
         """(the value as the plan reads it, "" ) or (value, why it is not this key's type). Booleans parse
@@ -222,8 +223,17 @@ _KEYS = (
     Key("m3_tls_key_file", str, None, "the private key of m3_tls_cert_file (PEM, controller path, 0600)", True),
     Key("m3_tls_ca_file", str, None, "with m3_tls_cert_file: the CA (PEM) our clients trust for the edge; default "
         "the system's trust store", True),
-    Key("m3_cert_renew_days", int, 30, "the certificates' renewal window, days: a certificate with fewer days left is "
-        "renewed (the cluster CA's) or refused by validate (the user's m3_tls_cert_file)", True, range=(1, 365)),
+    # certificates over the cluster's life (m3deploy.controller.certs, docs/OPERATIONS.md "Certificates over the
+    # cluster's life"): recorded in the plan only when set to another value than the default
+    Key("m3_cert_renew_days", int, 30, "the renewal window: a deploy re-issues (and rolls out) every certificate of "
+        "the cluster CA with this many days left or fewer, and starts the CA's rotation when it has fewer than this "
+        "plus m3_cert_validity_days left; `m3deploy verify` fails inside it; validate refuses the user's "
+        "m3_tls_cert_file inside it", True, range=(1, 3650), omit_unset=True),
+    Key("m3_cert_validity_days", int, 730, "days a certificate of the cluster CA (edge, etcd, NATS, clients) is "
+        "valid when made; for drills and tests (one below m3_cert_renew_days is inside the window when made)", True,
+        range=(1, 3650), omit_unset=True),
+    Key("m3_ca_validity_days", int, 3650, "days a new cluster CA is valid; for drills and tests", True,
+        range=(1, 36500), omit_unset=True),
     Key("m3_weights_source", str, "hub", "where each model repo comes from: 'hub' (every host downloads), "
         "'controller' (its HF cache, then fan-out), 'mirror:<host>' (that host downloads once, then fan-out), "
         "'shared' (one shared filesystem: one host downloads); docs/WEIGHTS.md", True, check="weights_source"),

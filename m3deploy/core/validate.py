@@ -189,6 +189,8 @@ def edge_settings(c: Cluster, add: Add) -> None:
 
     for p in internal_tls.problems({k: _v(c.ref, k) for k in ("m3_internal_tls", "m3_serving")}, len(c.control)):
         add(p)
+    for p in internal_tls.lifetime_problems(c.s):
+        add(p)
 
 
 @rule(RULES)

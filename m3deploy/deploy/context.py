@@ -117,13 +117,15 @@ def _warn_unmanaged(plan: ClusterPlan) -> None:
 
 
 def _prepare_controller(plan: ClusterPlan) -> None:
-    from m3deploy.controller import prepare, secrets, tls
+    from m3deploy.controller import certs, prepare, secrets, tls
 
     def say(msg: str) -> None:
         if not msg.startswith("$ "):  # pip's command lines stay out of pyinfra's output
             print(f"    [controller] {msg}", flush=True)
 
     secrets.api_key(plan)  # m3_api_key_file readable, 0600, one line: else stop before any host
+    for note in certs.renew(plan):  # what is inside m3_cert_renew_days re-issued, the CA's rotation step
+        say(note)
     tls.trust(plan)  # the edge's certificate made (or the user's read) and trusted, before any host
     if plan.endpoint.startswith("https://"):
         tls.edge_pem(plan)

@@ -194,7 +194,7 @@ def test_cluster_tls_made_once_and_again_only_when_the_names_change():
     p3 = build(hosts(3, m3_edge_frontends=1), name="tlsonce")
     again = tls.edge_pem(p3)
     assert again != first
-    store = tls.ensure_cluster_tls("tlsonce", tls.edge_names(p3))
+    store = tls.ensure_cluster_tls(p3)
     assert tls._sans(store[tls.EDGE_CERT]) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     path = tls.store.secrets_path("tlsonce")
     assert oct(path.stat().st_mode & 0o777) == "0o600"

@@ -15,6 +15,8 @@ Every check is derived from the ClusterPlan (m3deploy.core.build.build), never h
   URL (etcd /health says healthy, NATS /healthz?js-enabled-only=true, frontend /live, worker system-port
   /health); `instances/...` the frontend's /health lists every planned worker instance (endpoint
   "generate") on the planned worker addresses.
+- `cert/...`: each certificate the controller can see, its days left; fails inside the renewal window
+  (m3deploy.check.verify.certs).
 - smoke requests through the frontend (m3deploy.check.verify.smoke).
 
 A check is a function returning its evidence (a short string) or raising CheckFailed(evidence). The
@@ -360,11 +362,13 @@ def all_checks(plan: ClusterPlan, inventory: Iterable | None = None, only_host: 
     if only_host and only_host not in {h.name for h in plan.hosts}:
         raise M3Error(f"--host {only_host}: no such host in cluster {plan.name} "
                       f"(hosts: {', '.join(h.name for h in plan.hosts)})")
+    from m3deploy.check.verify.certs import cert_checks
     from m3deploy.check.verify.cluster_tls import tls_checks
     from m3deploy.check.verify.edge import edge_checks
 
     checks = host_checks(plan, only_host, inv) + controller_checks(plan, only_host) + edge_checks(plan, inv, only_host)
     checks += tls_checks(plan, only_host)  # m3_internal_tls: etcd and NATS refuse clients without a certificate
+    checks += cert_checks(plan, only_host)  # each certificate's days left (m3deploy.controller.certs)
     if not only_host:  # m3_monitor: Prometheus scrapes every target, loads the rules, counts pinned requests
         from m3deploy.check.verify.metrics import metrics_checks
 
