@@ -78,7 +78,8 @@ class LazyGroup(click.Group):
             "artifacts": "m3deploy.cli.artifacts:artifacts",
             "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render",
             "status": "m3deploy.cli.status:status",
-            "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards"}
+            "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards",
+            "export": "m3deploy.cli.export:export"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -220,8 +221,23 @@ def pretty_service(s) -> str:
 @main.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="Override inventory data (as pyinfra --data).")
-def validate(inventory, data):
+@click.option("--target", type=click.Choice(["hosts", "k8s", "slurm"]), default="hosts", show_default=True,
+              help="hosts: the deploy's checks; k8s / slurm: also the export for that target, checked offline "
+              "(`m3deploy export`; docs/TARGETS.md).")
+def validate(inventory, data, target):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
+    if target != "hosts":
+        from m3deploy.cli.export import k8s_export, slurm_export
+
+        try:
+            p = load_plan(inventory, data, facts=False)
+            problems = (k8s_export if target == "k8s" else slurm_export)(p)[1]
+            if problems:
+                raise ValidationError([f"{inventory} ({target} export): {x}" for x in problems])
+        except M3Error as e:
+            fail(e)
+        click.echo(f"{inventory}: valid for {target} ({len(p.workers)} workers)")
+        return
     from m3deploy.controller import deployed
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems
