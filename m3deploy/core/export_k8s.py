@@ -211,18 +211,19 @@ def _env_list(plan: ClusterPlan, v: View) -> list[dict[str, Any]]:
     return out
 
 
-def _mounts(plan: ClusterPlan, svc: Service) -> tuple[list[dict], list[dict], list[dict]]:
+def _mounts(plan: ClusterPlan, svc: Service, args: tuple[str, ...]) -> tuple[list[dict], list[dict], list[dict]]:
     """(volumeMounts, volumes, configmaps): the HF cache as the cluster's PVC; a file the plan writes beside the
-    unit (TensorRT-LLM's engine YAML) as a ConfigMap at the same path."""
+    unit that the container's command names (TensorRT-LLM's engine YAML) as a ConfigMap at the same path (an MPI
+    world's hostfile and ssh config are the operator's: the multi-node difference)."""
     cluster = _name(plan.name)
     mounts = [{"name": "hf-cache", "mountPath": HF_MOUNT}]
     volumes = [{"name": "hf-cache", "persistentVolumeClaim": {"claimName": f"{cluster}-hf-cache"}}]
     maps = []
     for i, (path, text) in enumerate(svc.files):
-        if path.startswith(plan.model_dir or "\0"):
+        if not any(path in a for a in args):
             continue
         cm = f"{cluster}-{_name(svc.name)}-{i}"
-        key = path.rsplit("/", 1)[-1]
+        key = re.sub(r"[^-._a-zA-Z0-9]", "-", path.rsplit("/", 1)[-1])  # a ConfigMap key's characters
         mounts.append({"name": f"file-{i}", "mountPath": path, "subPath": key, "readOnly": True})
         volumes.append({"name": f"file-{i}", "configMap": {"name": cm}})
         maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm}, "data": {key: text}})
@@ -237,7 +238,7 @@ def _component(plan: ClusterPlan, name: str, ctype: str, group: list[tuple[HostP
     hp, svc = group[0]
     v = view(plan, hp, svc)
     image = _image(plan, svc)
-    mounts, volumes, maps = _mounts(plan, svc)
+    mounts, volumes, maps = _mounts(plan, svc, v.args)
     main: dict[str, Any] = {"name": MAIN, "image": image, "command": list(v.command), "args": list(v.args),
                             "env": _env_list(plan, v), "volumeMounts": mounts}
     gpus = _gpus(plan, hp, svc)
