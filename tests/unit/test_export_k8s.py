@@ -313,3 +313,23 @@ def test_internal_tls_is_refused_naming_the_key():
     plan = plan_of("gb200_disagg", {"m3_internal_tls": True})
     with pytest.raises(M3Error, match="m3_internal_tls"):
         ek.export(plan)
+
+
+def test_two_workers_on_one_host_are_one_component_with_slot_ports_and_devices_renumbered(tmp_path):
+    """Two TP4 engines on one 8-GPU MI355X host: slot 1's ports and GPUs 4-7 become a pod's own (slot-0 ports,
+    GPUs 0-3), so both are replicas of one component; the parity check explains exactly those differences."""
+    (tmp_path / "inventories").mkdir()
+    (tmp_path / "group_data").symlink_to(ROOT / "group_data")
+    inv = tmp_path / "inventories" / "mi355x.py"
+    inv.write_text('control = [("mi355x-ctl", {"ssh_hostname": "10.60.0.10", "m3_address": "10.60.0.10"})]\n'
+                   'workers = [("mi355x-01", {"ssh_hostname": "10.60.0.11", "m3_address": "10.60.0.11"})]\n')
+    plan = load_plan(str(inv), ['m3_serving="dynamo"', 'm3_engine="sglang"', "m3_features=[]"], facts=False)
+    dgd = ek.export(plan)["dgd"]
+    worker = next(c for c in dgd["spec"]["components"] if c["type"] == "worker")
+    assert worker["replicas"] == 2
+    assert _main(worker)["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert kv.export_problems(plan, dgd) == []
+    explained, unexplained = parity(plan, dgd)
+    assert unexplained == []
+    assert {"slot-ports", "devices"} <= explained["mi355x-01/m3-worker@1"]
+    assert not {"slot-ports", "devices"} & explained["mi355x-01/m3-worker@0"]
