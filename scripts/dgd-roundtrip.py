@@ -86,9 +86,10 @@ def report(recipe_path: str, inventory: str, data: list[str]) -> str:
     theirs_c, ours_c = components(recipe), components(ours)
     lines = [f"### {recipe_path} vs `m3deploy export k8s {inventory}" + "".join(f" --data {d}" for d in data) + "`",
              "", f"- recipe apiVersion: {recipe['apiVersion']}; ours: {ours['apiVersion']}",
-             f"- m3deploy's offline admission of the recipe itself: "
-             + ("; ".join(k8s_validate.admission_problems(recipe)) if recipe["apiVersion"].endswith("v1beta1")
-                else "not run (v1alpha1: the pinned schema is v1beta1's)") or "passes", ""]
+             "- m3deploy's offline admission of the recipe itself: "
+             + (("; ".join(k8s_validate.admission_problems(recipe)) or "passes")
+                if recipe["apiVersion"].endswith("v1beta1") else "not run (v1alpha1: the pinned schema is v1beta1's)"),
+             ""]
     lines += ["| component | field | Dynamo's recipe | m3deploy export | same |", "|---|---|---|---|---|"]
     for ctype in sorted(set(theirs_c) | set(ours_c), key=str):
         t, o = theirs_c.get(ctype, {}), ours_c.get(ctype, {})
