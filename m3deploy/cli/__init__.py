@@ -227,11 +227,12 @@ def pretty_service(s) -> str:
 def validate(inventory, data, target):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2."""
     if target != "hosts":
-        from m3deploy.cli.export import k8s_export, slurm_export
+        from m3deploy.core.export_slurm import checked as checked_recipe
+        from m3deploy.core.k8s_validate import checked_export
 
         try:
             p = load_plan(inventory, data, facts=False)
-            problems = (k8s_export if target == "k8s" else slurm_export)(p)[1]
+            problems = (checked_export if target == "k8s" else checked_recipe)(p)[1]
             if problems:
                 raise ValidationError([f"{inventory} ({target} export): {x}" for x in problems])
         except M3Error as e:

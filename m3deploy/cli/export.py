@@ -10,19 +10,15 @@ from m3deploy.cli import fail, load_plan, output_dir
 from m3deploy.core.errors import M3Error, ValidationError
 
 
-def k8s_export(plan):
-    """(export, problems): the DGD and everything the offline admission and the plan's rules say about it."""
-    from m3deploy.core import export_k8s, k8s_validate
+def checked(target: str, plan):
+    """(the export, its problems) for `target` (k8s | slurm)."""
+    if target == "k8s":
+        from m3deploy.core.k8s_validate import checked_export
 
-    out = export_k8s.export(plan)
-    return out, k8s_validate.export_problems(plan, out["dgd"])
+        return checked_export(plan)
+    from m3deploy.core.export_slurm import checked as checked_recipe
 
-
-def slurm_export(plan):
-    from m3deploy.core import export_slurm
-
-    doc = export_slurm.recipe(plan)
-    return doc, export_slurm.problems(doc)
+    return checked_recipe(plan)
 
 
 def _dump(doc) -> str:
@@ -57,7 +53,7 @@ def export():
 def _run(target, inventory, outdir, data):
     try:
         plan = load_plan(inventory, data, facts=False)
-        doc, problems = (k8s_export if target == "k8s" else slurm_export)(plan)
+        doc, problems = checked(target, plan)
         if problems:
             raise ValidationError([f"{inventory} ({target} export): {p}" for p in problems])
         out = output_dir(outdir)

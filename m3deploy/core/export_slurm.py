@@ -158,3 +158,9 @@ def problems(doc: Any) -> list[str]:
             out.append(f"backend.{other}_config: backend.type is {b.get('type')!r} [srtctl backend; {SRT} "
                        f"{BACKENDS.get(b.get('type'), SCHEMA_PY)}]")
     return out
+
+
+def checked(plan: ClusterPlan) -> tuple[dict[str, Any], list[str]]:
+    """(recipe(plan), its problems): what `m3deploy export slurm` writes and `validate --target slurm` reports."""
+    doc = recipe(plan)
+    return doc, problems(doc)

@@ -261,3 +261,12 @@ def plan_problems(plan, doc: dict) -> list[str]:
 def export_problems(plan, doc: Any) -> list[str]:
     """Everything `m3deploy validate --target k8s` and `m3deploy export k8s` check."""
     return admission_problems(doc) or plan_problems(plan, doc)
+
+
+def checked_export(plan) -> tuple[dict, list[str]]:
+    """(export_k8s.export(plan), its problems): what `m3deploy export k8s` writes and `validate --target k8s`
+    reports."""
+    from m3deploy.core import export_k8s
+
+    out = export_k8s.export(plan)
+    return out, export_problems(plan, out["dgd"])
