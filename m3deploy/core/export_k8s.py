@@ -47,7 +47,7 @@ DIFFERENCES = (
     Difference("control-plane", f"env {', '.join(CONTROL_ENV)} and secret env {', '.join(CONTROL_SECRETS)} are "
                "left out", "the operator's platform chart runs etcd and NATS and injects their endpoints into every "
                "component it renders; m3deploy's etcd/NATS and their passwords do not exist there"),
-    Difference("interpreter", "a native process's interpreter (the Dynamo venv's python, m3_venv) is `python3`",
+    Difference("interpreter", "a native process's interpreter (the Dynamo venv's python, ClusterPlan.venv) is `python3`",
                "the pod runs the container image, whose python3 has ai-dynamo installed; there is no host venv"),
     Difference("home", "a native process's HOME (its /var/lib/m3 directory) is /root",
                "that directory is a host path; the container runs as root with a writable /root (Dynamo writes "
