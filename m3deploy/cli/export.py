@@ -35,7 +35,7 @@ def _k8s_header(plan, out) -> str:
              "OpenAPI schema, CEL rules, the webhook rules m3deploy implements, and the plan's own rules",
              "# create before applying (names only; m3deploy never writes a secret's value):",
              *(f"#   Secret {s}" for s in out["secrets"]),
-             f"#   PersistentVolumeClaim {export_k8s._name(plan.name)}-hf-cache (the HF cache, mounted at "
+             f"#   PersistentVolumeClaim {export_k8s.dns_name(plan.name)}-hf-cache (the HF cache, mounted at "
              f"{export_k8s.HF_MOUNT}), holding {', '.join(r.repo for r in plan.model_repos) or plan.model_id}",
              "#   the images below in a registry the nodes can pull from (m3deploy save-images makes archives)",
              "# left out, and why:",

@@ -47,7 +47,7 @@ DIFFERENCES = (
     Difference("control-plane", f"env {', '.join(CONTROL_ENV)} and secret env {', '.join(CONTROL_SECRETS)} are "
                "left out", "the operator's platform chart runs etcd and NATS and injects their endpoints into every "
                "component it renders; m3deploy's etcd/NATS and their passwords do not exist there"),
-    Difference("interpreter", "a native process's interpreter (the Dynamo venv's python, ClusterPlan.venv) is `python3`",
+    Difference("interpreter", "a native process's interpreter (the plan's Dynamo venv python) is `python3`",
                "the pod runs the container image, whose python3 has ai-dynamo installed; there is no host venv"),
     Difference("home", "a native process's HOME (its /var/lib/m3 directory) is /root",
                "that directory is a host path; the container runs as root with a writable /root (Dynamo writes "
@@ -80,7 +80,7 @@ LEFT_OUT = {
 }
 
 
-def _name(text: str) -> str:
+def dns_name(text: str) -> str:
     """A DNS-1123 name from the cluster's (metadata.name; the components' names follow the CRD's pattern)."""
     out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
     return out[:63].rstrip("-") or "m3"
@@ -101,7 +101,7 @@ def refuse(plan: ClusterPlan) -> None:
                       "m3_internal_tls=false for the export (the operator's platform has its own TLS settings)")
 
 
-def _image(plan: ClusterPlan, svc: Service) -> str:
+def image_of(plan: ClusterPlan, svc: Service) -> str:
     """The image a component's pods run: the unit's; the frontend (native on bare metal) runs in the first worker's
     image, which has ai-dynamo in it as Dynamo's own recipes do; a native mocker in the stand-in engine image,
     which holds the Dynamo venv."""
@@ -132,13 +132,13 @@ class View:
     secret_env: tuple[tuple[str, str], ...]
 
 
-def _multi_host_flags(plan: ClusterPlan) -> dict[str, bool]:
+def multi_host_flags(plan: ClusterPlan) -> dict[str, bool]:
     """{flag: takes a value} of engines.yaml's multi_host for the plan's engine."""
     multi = catalog.engines()[plan.engine].get("multi_host") or {}
     return {f: v is not None for part in ("all", "followers") for f, v in (multi.get(part) or {}).items()}
 
 
-def _unwrap_mpi(plan: ClusterPlan, argv: tuple[str, ...]) -> tuple[str, ...]:
+def unwrap_mpi(plan: ClusterPlan, argv: tuple[str, ...]) -> tuple[str, ...]:
     """An MPI world's launcher argv (core/mpi.py launcher: mpirun ... WRAP COMMAND) -> COMMAND."""
     world = (catalog.engines()[plan.engine].get("mpi_world") or {}).get(plan.serving)
     wrap = list(world["wrap"]) if world else []
@@ -161,7 +161,7 @@ def _without_flags(argv: tuple[str, ...], flags: dict[str, bool]) -> tuple[str, 
     return tuple(out)
 
 
-def _slot(svc: Service) -> int:
+def slot_of(svc: Service) -> int:
     m = re.fullmatch(r"m3-worker@(\d+)", svc.name)
     return int(m.group(1)) if m else 0
 
@@ -172,9 +172,9 @@ def _swap(value: str, pairs: list[tuple[str, str]]) -> str:
     return value
 
 
-def _substitutions(plan: ClusterPlan, hp: HostPlan, svc: Service) -> tuple[list[tuple[str, str]], dict]:
+def _substitutions(hp: HostPlan, svc: Service) -> tuple[list[tuple[str, str]], dict]:
     """(substring pairs for the address and slot ports, exact-token pairs for ports and device lists)."""
-    slot = _slot(svc) if svc.kind == "worker" else 0
+    slot = slot_of(svc) if svc.kind == "worker" else 0
     ports = [(p.port, p.port - slot) for p in svc.ports] if slot else []
     sub = [(f"{hp.address}:{a}", f"{hp.address}:{b}") for a, b in ports] + [(hp.address, f"$({POD_IP})")]
     exact = {str(a): str(b) for a, b in ports}
@@ -185,10 +185,10 @@ def _substitutions(plan: ClusterPlan, hp: HostPlan, svc: Service) -> tuple[list[
 
 def view(plan: ClusterPlan, hp: HostPlan, svc: Service) -> View:
     """The unit's argv and env as the component's `main` container runs them (DIFFERENCES applied)."""
-    argv = _unwrap_mpi(plan, svc.argv) if svc.mpi == "launcher" else svc.argv
+    argv = unwrap_mpi(plan, svc.argv) if svc.mpi == "launcher" else svc.argv
     if svc.nnodes > 1:
-        argv = _without_flags(argv, _multi_host_flags(plan))
-    sub, exact = _substitutions(plan, hp, svc)
+        argv = _without_flags(argv, multi_host_flags(plan))
+    sub, exact = _substitutions(hp, svc)
 
     def tok(v: str) -> str:
         return exact.get(v, _swap(v, sub))
@@ -201,7 +201,7 @@ def view(plan: ClusterPlan, hp: HostPlan, svc: Service) -> View:
 
 
 def _env_list(plan: ClusterPlan, v: View) -> list[dict[str, Any]]:
-    cluster = _name(plan.name)
+    cluster = dns_name(plan.name)
     out: list[dict[str, Any]] = [{"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     out += [{"name": k, "value": val} for k, val in v.env]
     out += [{"name": k, "valueFrom": {"secretKeyRef": {"name": f"{cluster}-{ref}", "key": k}}}
@@ -215,14 +215,14 @@ def _mounts(plan: ClusterPlan, svc: Service, args: tuple[str, ...]) -> tuple[lis
     """(volumeMounts, volumes, configmaps): the HF cache as the cluster's PVC; a file the plan writes beside the
     unit that the container's command names (TensorRT-LLM's engine YAML) as a ConfigMap at the same path (an MPI
     world's hostfile and ssh config are the operator's: the multi-node difference)."""
-    cluster = _name(plan.name)
+    cluster = dns_name(plan.name)
     mounts = [{"name": "hf-cache", "mountPath": HF_MOUNT}]
     volumes = [{"name": "hf-cache", "persistentVolumeClaim": {"claimName": f"{cluster}-hf-cache"}}]
     maps = []
     for i, (path, text) in enumerate(svc.files):
         if not any(path in a for a in args):
             continue
-        cm = f"{cluster}-{_name(svc.name)}-{i}"
+        cm = f"{cluster}-{dns_name(svc.name)}-{i}"
         key = re.sub(r"[^-._a-zA-Z0-9]", "-", path.rsplit("/", 1)[-1])  # a ConfigMap key's characters
         mounts.append({"name": f"file-{i}", "mountPath": path, "subPath": key, "readOnly": True})
         volumes.append({"name": f"file-{i}", "configMap": {"name": cm}})
@@ -230,18 +230,19 @@ def _mounts(plan: ClusterPlan, svc: Service, args: tuple[str, ...]) -> tuple[lis
     return mounts, volumes, maps
 
 
-def _gpus(plan: ClusterPlan, hp: HostPlan, svc: Service) -> int:
+def gpus_of(svc: Service) -> int:
+    """The GPUs of one rank: a pod's resources.limits."""
     return len(svc.devices) if svc.devices else 0
 
 
 def _component(plan: ClusterPlan, name: str, ctype: str, group: list[tuple[HostPlan, Service]]) -> tuple[dict, list]:
     hp, svc = group[0]
     v = view(plan, hp, svc)
-    image = _image(plan, svc)
+    image = image_of(plan, svc)
     mounts, volumes, maps = _mounts(plan, svc, v.args)
     main: dict[str, Any] = {"name": MAIN, "image": image, "command": list(v.command), "args": list(v.args),
                             "env": _env_list(plan, v), "volumeMounts": mounts}
-    gpus = _gpus(plan, hp, svc)
+    gpus = gpus_of(svc)
     if gpus:
         vendor = "amd.com/gpu" if hp.gpu_vendor == "amd" else "nvidia.com/gpu"
         main["resources"] = {"limits": {vendor: str(gpus)}}
@@ -267,7 +268,7 @@ def groups(plan: ClusterPlan) -> list[tuple[str, str, list[tuple[HostPlan, Servi
         hp = plan.host(host)
         svc = hp.service(unit)
         v = view(plan, hp, svc)
-        key = (svc.pool or "worker", v, _image(plan, svc), svc.nnodes, _gpus(plan, hp, svc), svc.files)
+        key = (svc.pool or "worker", v, image_of(plan, svc), svc.nnodes, gpus_of(svc), svc.files)
         buckets.setdefault(key, []).append((hp, svc))
     seen: dict[str, int] = {}
     for key, members in buckets.items():
@@ -292,7 +293,7 @@ def export(plan: ClusterPlan) -> dict[str, Any]:
         spec["backendFramework"] = plan.engine
     spec["components"] = comps
     dgd = {"apiVersion": API_VERSION, "kind": KIND,
-           "metadata": {"name": _name(plan.name), "labels": {"app.kubernetes.io/managed-by": "m3deploy"}},
+           "metadata": {"name": dns_name(plan.name), "labels": {"app.kubernetes.io/managed-by": "m3deploy"}},
            "spec": spec}
     secrets = sorted({e["valueFrom"]["secretKeyRef"]["name"] for c in comps
                       for e in c["podTemplate"]["spec"]["containers"][0]["env"]

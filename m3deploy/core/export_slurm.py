@@ -63,7 +63,7 @@ def recipe(plan: ClusterPlan) -> dict[str, Any]:
         config[pool] = {k: val for k, val in flags.items() if not (isinstance(val, str) and _has_address(val))}
         env = {k: val for k, val in v.env if k not in SLURM_DECIDES and not _has_address(val)}
         backend[f"{pool}_environment"] = env
-        per_instance = max(ek._gpus(plan, hp, svc), 1) * svc.nnodes
+        per_instance = max(ek.gpus_of(svc), 1) * svc.nnodes
         nodes = -(-len(members) * per_instance // gpus_per_node)  # ceil: instances may share a node
         short = "agg" if pool == "aggregated" else pool
         resources.update({f"{short}_nodes": nodes, f"{short}_workers": len(members)})
@@ -77,8 +77,8 @@ def recipe(plan: ClusterPlan) -> dict[str, Any]:
         _, fflags = _flags(fe.argv[3:])
         frontend["args"] = {k: v for k, v in fflags.items() if k not in ("http-host", "http-port")}
     return {
-        "name": ek._name(plan.name),
-        "model": {"path": plan.model_id, "container": ek._image(plan, first), "precision": plan.variant},
+        "name": ek.dns_name(plan.name),
+        "model": {"path": plan.model_id, "container": ek.image_of(plan, first), "precision": plan.variant},
         "resources": resources,
         "dynamo": {"install": False, "version": plan.dynamo_version, "request_plane": "tcp", "event_plane": "nats"},
         "frontend": frontend,

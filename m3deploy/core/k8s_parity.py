@@ -25,9 +25,9 @@ def _explain_tokens(plan: ClusterPlan, hp: HostPlan, svc: Service, want: list[st
                     ) -> tuple[set[str], list[str]]:
     """Each differing run of tokens, explained by a difference name, or an unexplained-difference message."""
     used, bad = set(), []
-    slot = ek._slot(svc) if svc.kind == "worker" else 0
-    flags = ek._multi_host_flags(plan)
-    mpi_head = len(svc.argv) - len(ek._unwrap_mpi(plan, svc.argv)) if svc.mpi == "launcher" else 0
+    slot = ek.slot_of(svc) if svc.kind == "worker" else 0
+    flags = ek.multi_host_flags(plan)
+    mpi_head = len(svc.argv) - len(ek.unwrap_mpi(plan, svc.argv)) if svc.mpi == "launcher" else 0
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes():
         if op == "equal":
             continue
@@ -75,7 +75,7 @@ def _explain_value(hp: HostPlan, svc: Service, slot: int, want: str, got: str) -
 
 def _explain_env(plan: ClusterPlan, hp: HostPlan, svc: Service, container: dict) -> tuple[set[str], list[str]]:
     used, bad = set(), []
-    slot = ek._slot(svc) if svc.kind == "worker" else 0
+    slot = ek.slot_of(svc) if svc.kind == "worker" else 0
     got = {e["name"]: e for e in container.get("env") or []}
     for k, v in svc.env:
         e = got.pop(k, None)

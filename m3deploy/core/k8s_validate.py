@@ -244,9 +244,9 @@ def plan_problems(plan, doc: dict) -> list[str]:
         main = _main(c) or {}
         limits = (main.get("resources") or {}).get("limits") or {}
         gpus = next((int(v) for k, v in limits.items() if k.endswith("/gpu")), 0)
-        if gpus != ek._gpus(plan, hp, svc):
+        if gpus != ek.gpus_of(svc):
             out.append(problem("plan:gpus", PLAN, f"{p}.podTemplate.spec.containers[name={MAIN}].resources.limits",
-                               f"{gpus} GPU(s) per pod; each rank has {ek._gpus(plan, hp, svc)} in the plan"))
+                               f"{gpus} GPU(s) per pod; each rank has {ek.gpus_of(svc)} in the plan"))
     secret_names = {k for _, s in ek.dynamo_clients(plan) for k, _ in s.secret_env} | {"HF_TOKEN"}
     for i, c in enumerate((doc.get("spec") or {}).get("components") or []):
         for e in (_main(c) or {}).get("env") or []:
