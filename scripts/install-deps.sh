@@ -112,7 +112,7 @@ fi
 extras="mocker"
 [ "$want_bench" = 1 ] && extras="$extras,bench"
 [ "$want_test" = 1 ] && extras="$extras,test"
-echo "== $venv/bin/pip install -e .[$extras] (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra)"
+echo "== $venv/bin/pip install -e .[$extras] (pyinfra 3.10, paramiko, jinja2, pyyaml, click, rich, openai, pytest, pytest-testinfra, jsonschema, cel-python)"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]"
 # /usr/local/bin/{m3deploy,pyinfra}: the shared venv's only (a venv of M3DEPLOY_VENV's own is used by its path:
 # scripts/test.sh puts its bin/ first on PATH); made where missing or broken, re-pointed from another venv only

@@ -99,7 +99,7 @@ class LazyGroup(click.Group):
             "bench": "m3deploy.cli.bench:bench", "render": "m3deploy.cli.render:render",
             "status": "m3deploy.cli.status:status",
             "prune": "m3deploy.cli.prune:prune", "dashboards": "m3deploy.cli.status:dashboards",
-            "certs": "m3deploy.cli.certs:certs"}
+            "certs": "m3deploy.cli.certs:certs", "export": "m3deploy.cli.export:export"}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -257,8 +257,33 @@ def pretty_service(s) -> str:
 @main.command(short_help="Check the inventory against every rule; exit 2 if invalid.")
 @inventory_command
 @json_option("Print {inventory, valid, problems, hosts, workers, services} as JSON (exit 2 still when invalid).")
-def validate(inventory, data, as_json):
+@click.option("--target", type=click.Choice(["hosts", "k8s", "slurm"]), default="hosts", show_default=True,
+              help="hosts: the deploy's checks; k8s / slurm: also the export for that target, checked offline "
+              "(`m3deploy export`; docs/TARGETS.md).")
+def validate(inventory, data, as_json, target):
     """Check the inventory against every rule; exit 0, or print every problem and exit 2. Changes nothing."""
+    if target != "hosts":
+        from m3deploy.core.export_slurm import checked as checked_recipe
+        from m3deploy.core.k8s_validate import checked_export
+
+        try:
+            p = load_plan(inventory, data, facts=False)
+            problems = (checked_export if target == "k8s" else checked_recipe)(p)[1]
+            if problems:
+                raise ValidationError([f"{inventory} ({target} export): {x}" for x in problems])
+        except M3Error as e:
+            if as_json:
+                problems = e.problems if isinstance(e, ValidationError) else [str(e)]
+                click.echo(json.dumps({"inventory": inventory, "target": target, "valid": False,
+                                       "problems": problems}, indent=2))
+                sys.exit(2)
+            fail(e)
+        if as_json:
+            click.echo(json.dumps({"inventory": inventory, "target": target, "valid": True, "problems": [],
+                                   "cluster": p.name, "workers": len(p.workers)}, indent=2))
+            return
+        say(f"{inventory}: valid for {target} ({plural(len(p.workers), 'worker')})")
+        return
     from m3deploy.controller import deployed, user_tls
     from m3deploy.controller.secrets import api_key
     from m3deploy.core.connection import connection_file_problems

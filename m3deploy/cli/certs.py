@@ -13,7 +13,7 @@ from m3deploy.cli.options import inventory_command, json_option
 from m3deploy.core.errors import M3Error
 
 
-@click.command("certs", short_help="List the cluster's certificates and their days left; exit 1 if one is due.")
+@click.command("certs", short_help="List the certificates, their days left; exit 1 if one is due.")
 @inventory_command
 @json_option("Print the certificates as JSON.")
 def certs(inventory, data, as_json):

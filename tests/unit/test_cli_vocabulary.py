@@ -32,8 +32,14 @@ def run(*args, **kw):
 
 
 def commands():
+    """Every command, a group's as `group sub` too (export k8s, testbed up, ...)."""
     ctx = click.Context(main)
-    return {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    out = {}
+    for name in main.list_commands(ctx):
+        cmd = out[name] = main.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            out.update({f"{name} {sub}": cmd.get_command(ctx, sub) for sub in cmd.list_commands(ctx)})
+    return out
 
 
 def takes_inventory(cmd) -> bool:
@@ -66,7 +72,8 @@ def lab(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- the vocabulary
 def test_every_inventory_command_takes_data_verbose_and_quiet():
     cmds = {n: c for n, c in commands().items() if takes_inventory(c)}
-    assert {"plan", "validate", "deploy", "preflight", "verify", "render", "status", "prune", "bench"} <= set(cmds)
+    assert {"plan", "validate", "deploy", "preflight", "verify", "render", "status", "prune", "bench", "certs",
+            "export k8s", "export slurm"} <= set(cmds)
     for name, cmd in cmds.items():
         opts = {o for p in cmd.params for o in p.opts}
         assert {"--data", "-v", "-q"} <= opts, f"m3deploy {name} lacks {sorted({'--data', '-v', '-q'} - opts)}"
