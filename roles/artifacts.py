@@ -20,7 +20,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
-from m3deploy.controller import artifacts, mockmodel
+from m3deploy.controller import artifacts, mockmodel, tinymodel
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT
 from roles import hostops, lifecycle
@@ -48,7 +49,8 @@ def deploy_artifacts():
         raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
                       "dynamo_version/venv (set m3_dynamo_version)")
     # built before any host's work (context); the planner's host's holds the planner's imports too
-    local = artifacts.ensure_wheelhouse(cp.dynamo_version, target=artifacts.host_target(cp, hp))
+    target = artifacts.host_target(cp, hp)
+    local = artifacts.ensure_wheelhouse(cp.dynamo_version, target=target)
     digest = artifacts.manifest_digest(local)
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"
@@ -63,17 +65,24 @@ def deploy_artifacts():
 
     venv = cp.venv
     if stamp != digest:
-        cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs)
+        cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs, lock=bool(target.engine))
+        # an engine's CPU build: its engine and Dynamo's worker module for it import too (no CUDA library asked)
+        imports = "dynamo.frontend, dynamo.mocker" + (f", vllm, dynamo.{cp.engine}" if target.engine else "")
         server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[
             f"rm -rf {shlex.quote(venv)}", *cmds,
-            f"{shlex.quote(venv)}/bin/python -c 'import dynamo.frontend, dynamo.mocker'",
+            f"{shlex.quote(venv)}/bin/python -c 'import {imports}'",
             f"echo {digest} > {shlex.quote(venv)}/{STAMP}"])
     else:
         host.noop(f"{venv} is built from this wheelhouse")
 
 
 def _ship_mock_model(cp, hp):
-    """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir."""
+    """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir; an
+    engine's CPU build (engines.yaml `cpu:`) the tiny random-weights model (m3deploy.controller.tinymodel)."""
+    if any(s.kind == "worker" for s in hp.services) and catalog.cpu_build(cp.engine, hp.platform):
+        model = tinymodel.ensure_model_dir(cp.served_model_name or tinymodel.NAME)
+        hostops.put_dir(name=f"Ship the tiny model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
+                        names=tuple(tinymodel.FILES))
     if any(s.kind == "worker" for s in hp.services) and cp.engine == "mocker":
         if not cp.model_dir:
             raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: "

@@ -53,7 +53,7 @@ def service(c: Any, rk: Rank) -> Service:
     endpoints (ports, readiness, plan env), multi-host flags, the launch line, the docker flags; then its place in
     an MPI world, the planner's inputs and TLS."""
     base, r = draft(c, rk)
-    rules = catalog.engines()[c.s["m3_engine"]]
+    rules = catalog.engine_rules(c.s["m3_engine"], str(settings.get(rk.host.data, "m3_platform")))
     world = mpi.spec(rules, c.s["m3_serving"]) if len(rk.world) > 1 else None
     if world and rk.rank > 0:  # an MPI follower: an sshd in the worker's image, no Dynamo client
         return replace(mpi.follower(base, world, _mpi_port(world, rk), rk.address, rk.master), standby=rk.standby)
@@ -86,7 +86,7 @@ def draft(c: Any, rk: Rank) -> tuple[Service, recipes.Resolved]:
     recipe (the scripted engine takes its parsers from it)."""
     s, engine, serving = c.s, c.s["m3_engine"], c.s["m3_serving"]
     info = catalog.platform(str(settings.get(rk.host.data, "m3_platform")))
-    rules = catalog.engines()[engine]
+    rules = catalog.engine_rules(engine, str(settings.get(rk.host.data, "m3_platform")))
     ports = {"kv": int(s["m3_kv_events_port"]) + rk.slot, "system": int(s["m3_system_port"]) + rk.slot,
              "http": int(s["m3_worker_port"]) + rk.slot}
     r = recipes.resolve(_worker_ctx(c, rk, info, ports["kv"]), target="worker", sources=_placeholders(c, rk))
@@ -266,7 +266,7 @@ def _launch_line(c: Any, r: recipes.Resolved, rules: Mapping[str, Any], fill: Ma
     head = tuple(_fill(tok, fill) for tok in rules["launch"][serving])
     if serving != "dynamo":
         extra = dict(rules.get("standalone_args") or {})
-        if rules.get("served_name_flag") and c.served != c.model_id:
+        if rules.get("served_name_flag") and c.served != c.model_id and rules["served_name_flag"] not in head:
             extra[rules["served_name_flag"]] = "{served}"
         for flag, value in extra.items():
             r.set_arg(flag, _fill(value, fill), "plan", PLAN_SOURCE)
