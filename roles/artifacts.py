@@ -18,7 +18,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
-from pyinfra.operations import server
+from pyinfra.operations import apt, server
 
 from m3deploy.controller import artifacts, mockmodel, tinymodel
 from m3deploy.core import catalog
@@ -63,11 +63,16 @@ def deploy_artifacts():
     else:
         host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
 
+    cpu = catalog.cpu_build(cp.engine, hp.platform) if target.engine else None
+    if cpu and cpu.get("packages"):  # the engine's CPU build: the Debian libraries its wheels link
+        apt.packages(name=f"Install {', '.join(cpu['packages'])} ({cp.engine}'s CPU build)",
+                     packages=list(cpu["packages"]), no_recommends=True, update=True, cache_time=3600,
+                     **hostops.APT_RETRIES)
     venv = cp.venv
     if stamp != digest:
         cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs, lock=bool(target.engine))
-        # an engine's CPU build: its engine and Dynamo's worker module for it import too (no CUDA library asked)
-        imports = "dynamo.frontend, dynamo.mocker" + (f", vllm, dynamo.{cp.engine}" if target.engine else "")
+        # an engine's CPU build: what engines.yaml `cpu: imports` names imports too
+        imports = ", ".join(["dynamo.frontend", "dynamo.mocker", *((cpu or {}).get("imports") or ())])
         server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[
             f"rm -rf {shlex.quote(venv)}", *cmds,
             f"{shlex.quote(venv)}/bin/python -c 'import {imports}'",

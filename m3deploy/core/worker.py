@@ -229,6 +229,8 @@ def _worker_endpoints(c: Any, rk: Rank, r: recipes.Resolved, rules: Mapping[str,
         health = ports["system"]
     else:
         out, health = [Port("http", ports["http"], address)], ports["http"]
+        if not image:  # a native engine (a CPU build): its own writable HOME, as a native Dynamo process has
+            plan_env.append(("HOME", f"{c.home}/m3-worker@{rk.slot}"))
     readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{health}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
     if not rules.get("simulated"):  # GPU env

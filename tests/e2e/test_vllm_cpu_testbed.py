@@ -42,7 +42,7 @@ pytestmark = pytest.mark.e2e
 
 NAME = "m3vc"
 SUBNET = "10.183.0.0/24"
-WHEELS = tempfile.mkdtemp(prefix="m3vc-wheels-")
+WHEELS = os.path.join(tempfile.gettempdir(), f"{NAME}-wheels")  # made by the fixture, removed with the testbed
 
 
 def _find_links() -> str:

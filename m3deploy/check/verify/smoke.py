@@ -135,12 +135,16 @@ def _chat_stream(ctx: Context) -> str:
         if ch.usage is not None:
             usage = ch.usage
         for c in ch.choices:
-            if c.delta and c.delta.content:
+            # text is content or, under a reasoning parser, reasoning: Dynamo's minimax_m3 parser takes all a model
+            # writes before `</mm:think>` for reasoning unless thinking_mode is disabled (a short reply of a real
+            # M3 that thinks first, every reply of the testbed's random-weights model: docs/TESTBED.md)
+            extra = (getattr(c.delta, "model_extra", None) or {}) if c.delta else {}
+            if c.delta and (c.delta.content or extra.get("reasoning_content") or extra.get("reasoning")):
                 text_chunks += 1
             if c.finish_reason:
                 finish = c.finish_reason
     if chunks < 2 or not text_chunks:
-        raise CheckFailed(f"{chunks} chunk(s), {text_chunks} with content: not a stream")
+        raise CheckFailed(f"{chunks} chunk(s), {text_chunks} with content or reasoning: not a stream")
     if finish is None:
         raise CheckFailed(f"{chunks} chunks but no final finish_reason")
     return f"{chunks} chunks ({text_chunks} with text), final finish_reason {finish}" + (
