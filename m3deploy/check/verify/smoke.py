@@ -171,6 +171,20 @@ def _thinking(mode: str) -> Callable[[Context], str]:
 
 
 def _tools(ctx: Context) -> str:
+    import openai
+
+    from m3deploy.check.verify.contract import tools_refused
+
+    why = tools_refused(ctx.plan)
+    if why:
+        try:
+            ctx.openai().chat.completions.create(model=ctx.plan.served_model_name, max_tokens=8, tools=TOOLS,
+                                                 tool_choice="auto", messages=_msgs("What is the weather in Paris?"))
+        except openai.APIStatusError as e:
+            if e.status_code == 400:
+                return f"refused as planned: HTTP 400 ({why})"
+            raise CheckFailed(f"a request with tools: HTTP {e.status_code}, the plan says refused (400): {why}")
+        raise CheckFailed(f"a request with tools was accepted, but the plan says refused: {why}")
     r = chat(ctx, "What is the weather in Paris?", tools=TOOLS, tool_choice="auto", max_tokens=24)
     if not r.choices:
         raise CheckFailed("no choices")
@@ -350,7 +364,10 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
                          _thinking(mode), _curl(plan, "/chat/completions", {
                              "model": m, "messages": msg, "max_tokens": 16,
                              "chat_template_kwargs": {"thinking_mode": mode}})))
-    out.append(Check("smoke/tools", "smoke", "frontend", "a request with tools is accepted", _tools,
+    from m3deploy.check.verify.contract import tools_refused
+
+    out.append(Check("smoke/tools", "smoke", "frontend", "a request with tools is " + (
+        "refused (400)" if tools_refused(plan) else "accepted"), _tools,
                      _curl(plan, "/chat/completions", {"model": m, "messages": msg, "tools": TOOLS, "max_tokens": 24})))
     if frontend(plan) is not None and plan.workers:
         body = {"model": m, "messages": msg, "max_tokens": 8, **WORKER_ID}
