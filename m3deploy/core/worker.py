@@ -225,7 +225,7 @@ def _worker_endpoints(c: Any, rk: Rank, r: recipes.Resolved, rules: Mapping[str,
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
         out = [Port("system", ports["system"], address)]
         if rules.get("kv_events"):
-            out.append(Port("kv-events", ports["kv"], address))
+            out.append(Port("kv-events", ports["kv"], "0.0.0.0" if rules.get("kv_events_binds_all") else address))
         health = ports["system"]
     else:
         out, health = [Port("http", ports["http"], address)], ports["http"]
