@@ -71,11 +71,12 @@ def deploy_artifacts():
     venv = cp.venv
     if stamp != digest:
         cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs, lock=bool(target.engine))
-        # an engine's CPU build: what engines.yaml `cpu: imports` names imports too
-        imports = ", ".join(["dynamo.frontend", "dynamo.mocker", *((cpu or {}).get("imports") or ())])
+        # an engine's CPU build: and engines.yaml `cpu: venv_check` runs
+        check = "import dynamo.frontend, dynamo.mocker" + (f"; {cpu['venv_check']}" if (cpu or {}).get("venv_check")
+                                                           else "")
         server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[
             f"rm -rf {shlex.quote(venv)}", *cmds,
-            f"{shlex.quote(venv)}/bin/python -c 'import {imports}'",
+            f"{shlex.quote(venv)}/bin/python -c {shlex.quote(check)}",
             f"echo {digest} > {shlex.quote(venv)}/{STAMP}"])
     else:
         host.noop(f"{venv} is built from this wheelhouse")
