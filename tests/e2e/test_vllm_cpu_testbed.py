@@ -75,12 +75,14 @@ def testbed(testbed_up):
 
 
 def _worker_metrics(plan) -> dict[str, str]:
-    """Each worker's own /metrics (standalone: its HTTP port; Dynamo: its system port), as text."""
+    """Each worker's own /metrics behind the endpoint (standalone: the endpoint's worker, on its HTTP port; Dynamo:
+    every worker, on its system port), as text."""
     out = {}
     for h in plan.hosts:
         for s in h.services:
-            if s.kind == "worker":
-                port = next(p for p in s.ports if p.name in ("system", "http"))
+            port = next((p for p in s.ports if p.name in ("system", "http")), None)
+            if s.kind == "worker" and (plan.serving == "dynamo" or f":{port.port}/" in plan.endpoint
+                                       and port.address in plan.endpoint):
                 with urllib.request.urlopen(f"http://{port.address}:{port.port}/metrics", timeout=10) as r:
                     out[f"{h.name}/{s.name}"] = r.read().decode()
     return out

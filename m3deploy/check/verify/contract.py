@@ -160,11 +160,6 @@ def image_policy(plan: ClusterPlan) -> str:
     return str((catalog.cpu_build(plan.engine, plan.platform) or {}).get("image_input") or "accepted")
 
 
-def tools_refused(plan: ClusterPlan) -> str:
-    """Why the endpoint refuses a request with tools (an engine's CPU build without its tool parser, engines.yaml
-    `cpu: tools_refused` for the serving mode), or "" where it takes them."""
-    return str(((catalog.cpu_build(plan.engine, plan.platform) or {}).get("tools_refused") or {}).get(plan.serving, ""))
-
 
 def _image_input(ctx: Context) -> str:
     import openai

@@ -40,6 +40,7 @@ from m3deploy.check.checks import (
     worker_pools,
 )
 from m3deploy.controller import tls
+from m3deploy.core import catalog
 from m3deploy.core.model import ClusterPlan
 
 WORKER_ID = {"nvext": {"extra_fields": ["worker_id"]}}
@@ -175,10 +176,14 @@ def _thinking(mode: str) -> Callable[[Context], str]:
     return fn
 
 
+def tools_refused(plan: ClusterPlan) -> str:
+    """Why the endpoint refuses a request with tools (an engine's CPU build without its tool parser, engines.yaml
+    `cpu: tools_refused` for the serving mode), or "" where it takes them."""
+    return str(((catalog.cpu_build(plan.engine, plan.platform) or {}).get("tools_refused") or {}).get(plan.serving, ""))
+
+
 def _tools(ctx: Context) -> str:
     import openai
-
-    from m3deploy.check.verify.contract import tools_refused
 
     why = tools_refused(ctx.plan)
     if why:
@@ -370,8 +375,6 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
                          _thinking(mode), _curl(plan, "/chat/completions", {
                              "model": m, "messages": msg, "max_tokens": 16,
                              "chat_template_kwargs": {"thinking_mode": mode}})))
-    from m3deploy.check.verify.contract import tools_refused
-
     out.append(Check("smoke/tools", "smoke", "frontend", "a request with tools is " + (
         "refused (400)" if tools_refused(plan) else "accepted"), _tools,
                      _curl(plan, "/chat/completions", {"model": m, "messages": msg, "tools": TOOLS, "max_tokens": 24})))
