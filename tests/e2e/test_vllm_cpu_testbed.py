@@ -132,7 +132,16 @@ def dynamo(testbed):
     t0 = time.monotonic()
     TB.deploy_ok(*_args(DYNAMO), timeout=1800)
     print(f"re-deploy under Dynamo with monitoring: {time.monotonic() - t0:.0f} s")
-    return TB.plan(DYNAMO)
+    plan = TB.plan(DYNAMO)
+    from m3deploy.core import monitor
+
+    want, deadline = len(monitor.targets(plan)), time.monotonic() + 120  # Prometheus's first scrapes after the deploy
+    while time.monotonic() < deadline:
+        active = _prom(plan, "/api/v1/targets", state="active")["activeTargets"]
+        if len(active) >= want and all(x.get("health") == "up" for x in active):
+            break
+        time.sleep(5)
+    return plan
 
 
 def test_dynamo_vllm_workers_behind_the_kv_router_and_verify_passes(dynamo):
