@@ -18,9 +18,10 @@ import shlex
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
-from pyinfra.operations import server
+from pyinfra.operations import apt, server
 
-from m3deploy.controller import artifacts, mockmodel
+from m3deploy.controller import artifacts, mockmodel, tinymodel
+from m3deploy.core import catalog
 from m3deploy.core.errors import M3Error
 from m3deploy.deploy.hostfiles import STAMP, WHEELHOUSE_ROOT
 from roles import hostops, lifecycle
@@ -48,7 +49,8 @@ def deploy_artifacts():
         raise M3Error(f"host {hp.name} runs {[s.name for s in native]} natively but the plan has no "
                       "dynamo_version/venv (set m3_dynamo_version)")
     # built before any host's work (context); the planner's host's holds the planner's imports too
-    local = artifacts.ensure_wheelhouse(cp.dynamo_version, target=artifacts.host_target(cp, hp))
+    target = artifacts.host_target(cp, hp)
+    local = artifacts.ensure_wheelhouse(cp.dynamo_version, target=target)
     digest = artifacts.manifest_digest(local)
     reqs = artifacts.read_requirements(local)
     remote = f"{WHEELHOUSE_ROOT}/dynamo-{cp.dynamo_version}"
@@ -61,19 +63,32 @@ def deploy_artifacts():
     else:
         host.noop(f"wheelhouse {remote} matches the controller's ({digest[:12]})")
 
+    cpu = catalog.cpu_build(cp.engine, hp.platform) if target.engine else None
+    if cpu and cpu.get("packages"):  # the engine's CPU build: the Debian libraries its wheels link
+        apt.packages(name=f"Install {', '.join(cpu['packages'])} ({cp.engine}'s CPU build)",
+                     packages=list(cpu["packages"]), no_recommends=True, update=True, cache_time=3600,
+                     **hostops.APT_RETRIES)
     venv = cp.venv
     if stamp != digest:
-        cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs)
+        cmds = artifacts.install_commands(cp.dynamo_version, remote, venv, requirements=reqs, lock=bool(target.engine))
+        # an engine's CPU build: and engines.yaml `cpu: venv_check` runs
+        check = "import dynamo.frontend, dynamo.mocker" + (f"; {cpu['venv_check']}" if (cpu or {}).get("venv_check")
+                                                           else "")
         server.shell(name=f"Build {venv} offline from the wheelhouse", commands=[
             f"rm -rf {shlex.quote(venv)}", *cmds,
-            f"{shlex.quote(venv)}/bin/python -c 'import dynamo.frontend, dynamo.mocker'",
+            f"{shlex.quote(venv)}/bin/python -c {shlex.quote(check)}",
             f"echo {digest} > {shlex.quote(venv)}/{STAMP}"])
     else:
         host.noop(f"{venv} is built from this wheelhouse")
 
 
 def _ship_mock_model(cp, hp):
-    """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir."""
+    """Mocker workers, native or in the stand-in image (mounted at the same path), read the mock model dir; an
+    engine's CPU build (engines.yaml `cpu:`) the tiny random-weights model (m3deploy.controller.tinymodel)."""
+    if any(s.kind == "worker" for s in hp.services) and catalog.cpu_build(cp.engine, hp.platform):
+        model = tinymodel.ensure_model_dir(cp.served_model_name or tinymodel.NAME)
+        hostops.put_dir(name=f"Ship the tiny model to {cp.model_dir}", src=str(model), dest=cp.model_dir,
+                        names=tuple(tinymodel.FILES))
     if any(s.kind == "worker" for s in hp.services) and cp.engine == "mocker":
         if not cp.model_dir:
             raise M3Error("engine mocker needs the plan's model_dir (ClusterPlan.model_dir: "

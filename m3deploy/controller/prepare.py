@@ -25,7 +25,7 @@ from m3deploy.core.simengine import SIM_IMAGE
 
 @dataclass(frozen=True)
 class Need:
-    kind: str  # "wheelhouse" | "mock-model" | "sim-image" | "image-archive"
+    kind: str  # "wheelhouse" | "mock-model" | "tiny-model" | "sim-image" | "image-archive"
     label: str  # what a person reads
     hosts: tuple[str, ...]  # which hosts need it
     version: str = ""
@@ -55,6 +55,7 @@ def needs(plan) -> list[Need]:
     wheel: dict[artifacts.Target, list[str]] = {}
     archives: dict[tuple[str, str], list[str]] = {}
     mocker: list[str] = []
+    tiny: list[str] = []
     sim: dict[tuple[str, str], list[str]] = {}
     for h in plan.hosts:
         for s in h.services:
@@ -62,6 +63,8 @@ def needs(plan) -> list[Need]:
                 wheel.setdefault(artifacts.host_target(plan, h), []).append(h.name)
             if s.kind == "worker" and plan.engine == "mocker":
                 mocker.append(h.name)
+            if s.kind == "worker" and catalog.cpu_build(plan.engine, h.platform):
+                tiny.append(h.name)
             if s.image and s.image.startswith(SIM_IMAGE + ":"):
                 sim.setdefault((s.image, h.images.sim_rootfs), []).append(h.name)
             if s.image and s.base_image:
@@ -75,7 +78,7 @@ def needs(plan) -> list[Need]:
             raise M3Error(f"hosts {sorted(set(hosts))} run Dynamo but the plan has no dynamo_version "
                           "(set m3_dynamo_version)")
         where = ("hosts" if target == artifacts.HOSTS else "the planner's host" if target.extra
-                 else "engine containers")
+                 else f"hosts, with {', '.join(target.engine)}" if target.engine else "engine containers")
         out.append(Need("wheelhouse", f"ai-dynamo=={plan.dynamo_version} wheelhouse for the {where} "
                         f"({target.abi}, {target.arch})", tuple(dict.fromkeys(hosts)),
                         version=plan.dynamo_version, target=target))
@@ -85,6 +88,12 @@ def needs(plan) -> list[Need]:
         name = plan.served_model_name or mockmodel.NAME
         out.append(Need("mock-model", f"mock model {name!r} (tokenizer only)", tuple(dict.fromkeys(mocker)),
                         served_name=name))
+    if tiny:
+        from m3deploy.controller import tinymodel
+
+        name = plan.served_model_name or tinymodel.NAME
+        out.append(Need("tiny-model", f"tiny model {name!r} (random weights, for {plan.engine}'s CPU build)",
+                        tuple(dict.fromkeys(tiny)), served_name=name))
     for (image, rootfs), hosts in sim.items():
         out.append(Need("sim-image", f"stand-in engine image {image} (docker, on the controller)",
                         tuple(dict.fromkeys(hosts)), version=plan.dynamo_version, image=image, rootfs=rootfs,
@@ -113,6 +122,11 @@ def check(need: Need) -> tuple[Path | None, list[str]]:
 
         d = mockmodel.cached_model_dir(need.served_name)
         return d, ([] if d else ["not built"])
+    if need.kind == "tiny-model":
+        from m3deploy.controller import tinymodel
+
+        d = tinymodel.cached_model_dir(need.served_name)
+        return d, ([] if d else ["not built"])
     if need.kind == "sim-image":
         from m3deploy.controller import simimage
 
@@ -130,6 +144,10 @@ def ensure(need: Need, log=None, source: str | None = None, save_images: bool = 
         from m3deploy.controller import mockmodel
 
         return mockmodel.ensure_model_dir(need.served_name)
+    if need.kind == "tiny-model":
+        from m3deploy.controller import tinymodel
+
+        return tinymodel.ensure_model_dir(need.served_name)
     if need.kind == "sim-image":
         from m3deploy.controller import simimage
 

@@ -184,13 +184,15 @@ def _build(hosts: list[InvHost], name: str) -> ClusterPlan:
     host_plans = [_host_plan(c, h, addr[h.name], services[h.name], _span(c, workers)) for h in hosts]
     recorded = tuple(sorted((k, _jsonable(s[k])) for k in settings.CLUSTER_KEYS if k in s and _recorded(k, s[k]))) + (
         ("m3_features_effective", list(c.features)),)
+    # the Dynamo venv (from the hosts' wheelhouse): Dynamo's processes, and an engine's CPU build standalone too
+    native_venv = serving == "dynamo" or bool(catalog.cpu_build(engine, s["m3_platform"]))
     return ClusterPlan(
         name=name, platform=settings.get(ref.data, "m3_platform") or "", variant=s["m3_variant"],
         parallel=str(s["m3_parallel"]), engine=engine, serving=serving, features=c.features, model_id=c.model_id,
         served_model_name=c.served, max_model_len=s["m3_max_model_len"], state=str(s["m3_state"]),
         hosts=tuple(host_plans), workers=tuple(worker_plans), endpoint=endpoint, etcd_endpoints=c.etcd,
-        nats_server=c.nats, dynamo_version=str(s["m3_dynamo_version"]) if (serving == "dynamo") else "",
-        venv=c.venv if serving == "dynamo" else "", model_dir=c.model_dir, model_repos=model_repos,
+        nats_server=c.nats, dynamo_version=str(s["m3_dynamo_version"]) if native_venv else "",
+        venv=c.venv if native_venv else "", model_dir=c.model_dir, model_repos=model_repos,
         rollout=rollout_plan(s), nats=nats_plan(s, name) if c.nats else None, settings=recorded,
         generation=c.generation if serving == "dynamo" else None)
 
@@ -237,11 +239,19 @@ def _common(ref: InvHost, hosts: list[InvHost], workers: list[InvHost], control_
         s=s, mode=mode, size=size, ep=ep, features=settings.effective_features(s["m3_features"]), model_id=model_id,
         served=s["m3_served_model_name"] or model_id, etcd=etcd_url, nats=nats_url,
         venv=f"{s['m3_venv_root']}/dynamo-{s['m3_dynamo_version']}",
-        model_dir=f"{state_dir}/models/mock-minimax-m3" if catalog.engines()[s["m3_engine"]].get("simulated")
-        else s["m3_hf_cache"],
+        model_dir=_model_dir(s, state_dir),
         home=state_dir,  # each native service gets its own writable HOME under it: <state_dir>/<unit name>
         client=client, sources=sources, ref=ref.name, datas={h.name: h.data for h in hosts},
         planner_profile=planner.profile_files(s) if mocker_profile else (), generation=gen.of(s, model_id))
+
+
+def _model_dir(s: Mapping[str, Any], state_dir: str) -> str:
+    """Where the workers read the model: the mock model (simulated engines), an engine's CPU build's tiny model
+    (engines.yaml `cpu: model`), else the Hugging Face cache."""
+    cpu = catalog.cpu_build(str(s["m3_engine"]), str(s["m3_platform"]))
+    if catalog.engines()[s["m3_engine"]].get("simulated") or cpu:
+        return f"{state_dir}/models/{cpu['model'] if cpu else 'mock-minimax-m3'}"
+    return str(s["m3_hf_cache"])
 
 
 def _lay_pools(c: _Common, workers: list[InvHost], addr: Mapping[str, str], services: dict[str, list[Service]],
@@ -327,6 +337,7 @@ def _model_repos(c: _Common, hosts: list[InvHost], services: dict[str, list[Serv
     repo_args = rules.get("repo_args") or {}
     model_repos = repos.merge(r for h in hosts for x in services[h.name] if x.kind == "worker"
                               and (not rules.get("simulated") or x.image)  # the docker testbed: staged mock repos
+                              and not catalog.cpu_build(c.s["m3_engine"], c.s["m3_platform"])  # the tiny model
                               for r in repos.worker_repos(x.argv, c.model_id, repo_args))
     # testbed: mock copies staged like real repos (docs/WEIGHTS.md)
     if c.s["m3_mock_repo_mb"] and not model_repos and repos.is_repo_id(c.model_id):

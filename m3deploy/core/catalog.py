@@ -133,3 +133,19 @@ def version_tuple(v: str) -> tuple[int, ...]:
     "rocm-7.2" -> (7, 2), "" -> (). The one version parser of the drivers role, preflight and the facts."""
     m = re.search(r"\d+(?:\.\d+)*", v or "")
     return tuple(int(x) for x in m.group().split(".")) if m else ()
+
+
+def engine_rules(engine: str, platform_name: str | None = None) -> dict:
+    """engines.yaml's rules for `engine` on `platform_name`: on a platform without GPUs (vendor none) the engine's
+    `cpu:` block (its CPU build: launch line, wheels, model) over them, with `cpu` kept; else the rules as written."""
+    rules = engines()[engine]
+    cpu = rules.get("cpu")
+    if cpu and platform_name in catalog()["platforms"] and platform(platform_name)["vendor"] == "none":
+        return {**rules, **cpu}
+    return rules
+
+
+def cpu_build(engine: str, platform_name: str | None) -> dict | None:
+    """The engine's `cpu:` block where it runs as its CPU build (a platform without GPUs), else None."""
+    rules = engines().get(engine) or {}
+    return rules.get("cpu") if engine_rules(engine, platform_name) is not rules else None

@@ -303,9 +303,10 @@ def variant_fits_platform(c: Cluster, add: Add) -> None:
 def engine_fits(c: Cluster, add: Add) -> None:
     engine, serving, platform, features, info = c.engine, c.serving, c.platform, c.features, c.info
     simulated = sorted(e for e, r in catalog.engines().items() if r.get("simulated"))
-    if info["vendor"] == "none" and not c.rules.get("simulated"):
-        add(f"key m3_engine: the {platform} platform (testbed, no GPU) runs only the {_list(simulated)} engine, not "
-            f"{engine}. Fix: m3_engine = {simulated[0]!r}")
+    cpu = sorted(e for e, r in catalog.engines().items() if r.get("cpu"))
+    if info["vendor"] == "none" and not c.rules.get("simulated") and not c.rules.get("cpu"):
+        add(f"key m3_engine: the {platform} platform (testbed, no GPU) runs only the {_list(simulated)} engine, or "
+            f"the CPU build of {_list(cpu)}, not {engine}. Fix: m3_engine = {simulated[0]!r}")
     launch = c.rules.get("launch") or {}
     if serving in c.cat["servings"] and serving not in launch:  # an unknown serving mode is known_names's
         add(f"key m3_serving: the {engine} engine has no {serving} launch line (engines.yaml `launch`); it needs "

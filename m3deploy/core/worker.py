@@ -53,7 +53,7 @@ def service(c: Any, rk: Rank) -> Service:
     endpoints (ports, readiness, plan env), multi-host flags, the launch line, the docker flags; then its place in
     an MPI world, the planner's inputs and TLS."""
     base, r = draft(c, rk)
-    rules = catalog.engines()[c.s["m3_engine"]]
+    rules = catalog.engine_rules(c.s["m3_engine"], str(settings.get(rk.host.data, "m3_platform")))
     world = mpi.spec(rules, c.s["m3_serving"]) if len(rk.world) > 1 else None
     if world and rk.rank > 0:  # an MPI follower: an sshd in the worker's image, no Dynamo client
         return replace(mpi.follower(base, world, _mpi_port(world, rk), rk.address, rk.master), standby=rk.standby)
@@ -86,7 +86,7 @@ def draft(c: Any, rk: Rank) -> tuple[Service, recipes.Resolved]:
     recipe (the scripted engine takes its parsers from it)."""
     s, engine, serving = c.s, c.s["m3_engine"], c.s["m3_serving"]
     info = catalog.platform(str(settings.get(rk.host.data, "m3_platform")))
-    rules = catalog.engines()[engine]
+    rules = catalog.engine_rules(engine, str(settings.get(rk.host.data, "m3_platform")))
     ports = {"kv": int(s["m3_kv_events_port"]) + rk.slot, "system": int(s["m3_system_port"]) + rk.slot,
              "http": int(s["m3_worker_port"]) + rk.slot}
     r = recipes.resolve(_worker_ctx(c, rk, info, ports["kv"]), target="worker", sources=_placeholders(c, rk))
@@ -225,10 +225,13 @@ def _worker_endpoints(c: Any, rk: Rank, r: recipes.Resolved, rules: Mapping[str,
                      ("DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]')]
         out = [Port("system", ports["system"], address, key="m3_system_port")]
         if rules.get("kv_events"):
-            out.append(Port("kv-events", ports["kv"], address, key="m3_kv_events_port"))
+            out.append(Port("kv-events", ports["kv"], "0.0.0.0" if rules.get("kv_events_binds_all") else address,
+                            key="m3_kv_events_port"))
         health = ports["system"]
     else:
         out, health = [Port("http", ports["http"], address, key="m3_worker_port")], ports["http"]
+        if not image:  # a native engine (a CPU build): its own writable HOME, as a native Dynamo process has
+            plan_env.append(("HOME", f"{c.home}/m3-worker@{rk.slot}"))
     readiness = Readiness(kind="http", url=f"http://{url_host(address)}:{health}/health", timeout_s=timeout)
     plan_env.append(("HF_HUB_OFFLINE", "1"))
     if not rules.get("simulated"):  # GPU env
@@ -266,7 +269,7 @@ def _launch_line(c: Any, r: recipes.Resolved, rules: Mapping[str, Any], fill: Ma
     head = tuple(_fill(tok, fill) for tok in rules["launch"][serving])
     if serving != "dynamo":
         extra = dict(rules.get("standalone_args") or {})
-        if rules.get("served_name_flag") and c.served != c.model_id:
+        if rules.get("served_name_flag") and c.served != c.model_id and rules["served_name_flag"] not in head:
             extra[rules["served_name_flag"]] = "{served}"
         for flag, value in extra.items():
             r.set_arg(flag, _fill(value, fill), "plan", PLAN_SOURCE)

@@ -175,7 +175,13 @@ def test_cluster_keys_must_agree_across_workers():
 def test_engine_rules():
     assert "text-only" in one(m3_platform="b200", m3_engine="trtllm")
     assert "m3_serving = 'dynamo'" in one(m3_engine="mocker", m3_platform="sim", m3_parallel="tp1")
-    assert "only the mocker" in one(m3_platform="sim", m3_parallel="tp1")
+    assert "only the mocker engine, or the CPU build of vllm" in one(m3_engine="sglang", m3_platform="sim",
+                                                                      m3_parallel="tp1")
+    # vLLM on the sim platform is its CPU build (engines.yaml vllm: cpu:): the module entry point, the tiny model
+    cpu = build(m3_platform="sim", m3_parallel="tp1")
+    argv = next(s for h in cpu.hosts for s in h.services if s.kind == "worker").argv
+    assert argv[1:5] == ("-m", "vllm.entrypoints.openai.api_server", "--model", cpu.model_dir)
+    assert cpu.model_dir.endswith("/models/tiny-minimax-m3") and not cpu.model_repos and cpu.venv
 
 
 def test_feature_scope():

@@ -499,6 +499,11 @@ def plan_notes(plan: ClusterPlan, smoke: bool, only_host: str | None) -> list[st
         notes.append("no Dynamo frontend in this plan: session-affinity checks do not apply")
     elif len(plan.workers) < 2:
         notes.append("one worker: session spread over workers cannot be shown (stickiness still is)")
+    from m3deploy.check.verify.contract import random_weights
+
+    if smoke and random_weights(plan):
+        notes.append(f"{plan.engine}'s CPU build serves the testbed's random-weights model: smoke/reasoning-split and "
+                     "smoke/tool-call do not apply (such a model never closes a think block or calls a tool)")
     if only_host:
         notes.append(f"host checks limited to {only_host} (--host)")
     return notes

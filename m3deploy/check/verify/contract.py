@@ -38,6 +38,7 @@ from m3deploy.check.verify.smoke import (
     request_counters,
     worker_map,
 )
+from m3deploy.core import catalog
 from m3deploy.core.model import ClusterPlan
 from m3deploy.core.simengine import tool_call_model
 
@@ -156,7 +157,8 @@ def image_policy(plan: ClusterPlan) -> str:
     text parts and drops the image: its mock model has no vision tower)."""
     if plan.engine == "trtllm" or "text-only" in plan.features:
         return "refused"
-    return "accepted"
+    return str((catalog.cpu_build(plan.engine, plan.platform) or {}).get("image_input") or "accepted")
+
 
 
 def _image_input(ctx: Context) -> str:
@@ -224,6 +226,12 @@ def _routable(ctx: Context) -> str:
     return ev
 
 
+def random_weights(plan: ClusterPlan) -> bool:
+    """The workers serve random weights (an engine's CPU build on the testbed's tiny model, engines.yaml `cpu:`):
+    nothing makes such a model close a think block or call a tool, so the checks that need it do not apply."""
+    return bool((catalog.cpu_build(plan.engine, plan.platform) or {}).get("random_weights"))
+
+
 def contract_checks(plan: ClusterPlan) -> list[Check]:
     if not plan.endpoint:
         return []
@@ -231,14 +239,15 @@ def contract_checks(plan: ClusterPlan) -> list[Check]:
     enabled = {"model": m, "messages": _msgs(REASON_PROMPT), "max_tokens": REASON_TOKENS, **ENABLED}
     tool = {"model": tool_call_model(plan), "messages": _msgs(TOOL_PROMPT), "tools": TOOLS, "max_tokens": 512}
     out = []
-    if "reasoning" in plan.features:
+    trained = not random_weights(plan)
+    if "reasoning" in plan.features and trained:
         out += [Check("smoke/reasoning-split", "smoke", "frontend",
                       "thinking_mode=enabled: reasoning split from content", _reasoning_split,
                       _curl(plan, "/chat/completions", enabled)),
                 Check("smoke/reasoning-split-stream", "smoke", "frontend",
                       "thinking_mode=enabled, streamed: reasoning split from content", _reasoning_split_stream,
                       _curl(plan, "/chat/completions", {**enabled, "stream": True}))]
-    if "tool-calling" in plan.features:
+    if "tool-calling" in plan.features and trained:
         out += [Check("smoke/tool-call", "smoke", "frontend", "tools: a parsed tool call, finish_reason tool_calls",
                       _tool_call(False), _curl(plan, "/chat/completions", tool)),
                 Check("smoke/tool-call-stream", "smoke", "frontend", "tools, streamed: a parsed tool call",

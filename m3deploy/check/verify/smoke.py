@@ -41,9 +41,14 @@ from m3deploy.check.checks import (
 )
 from m3deploy.check.verify import identity
 from m3deploy.controller import tls
+from m3deploy.core import catalog
 from m3deploy.core.model import ClusterPlan
 
 WORKER_ID = {"nvext": {"extra_fields": ["worker_id"]}}
+# the plain chat checks ask for an answer without thinking: under Dynamo's minimax_m3 reasoning parser a reply that
+# never closes its think block (a short one of a model that thinks first; every one of random weights) streams no
+# content and no reasoning at all (seen on the testbed's vLLM on CPU: 3 chunks, none with text)
+NO_THINKING = {"chat_template_kwargs": {"thinking_mode": "disabled"}}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -119,7 +124,7 @@ def _models(ctx: Context) -> str:
 
 
 def _chat(ctx: Context) -> str:
-    r = chat(ctx, "Say hello in five words.", max_tokens=16)
+    r = chat(ctx, "Say hello in five words.", max_tokens=16, extra_body=NO_THINKING)
     if not r.choices or r.choices[0].message is None:
         raise CheckFailed(f"no choices in {r}")
     c = r.choices[0]
@@ -127,7 +132,8 @@ def _chat(ctx: Context) -> str:
 
 
 def _chat_stream(ctx: Context) -> str:
-    stream = chat(ctx, "Count to ten.", max_tokens=24, stream=True, stream_options={"include_usage": True})
+    stream = chat(ctx, "Count to ten.", max_tokens=24, stream=True, stream_options={"include_usage": True},
+                  extra_body=NO_THINKING)
     chunks = text_chunks = 0
     finish = None
     usage = None
@@ -136,12 +142,16 @@ def _chat_stream(ctx: Context) -> str:
         if ch.usage is not None:
             usage = ch.usage
         for c in ch.choices:
-            if c.delta and c.delta.content:
+            # text is content or, under a reasoning parser, reasoning: Dynamo's minimax_m3 parser takes all a model
+            # writes before `</mm:think>` for reasoning unless thinking_mode is disabled (a short reply of a real
+            # M3 that thinks first, every reply of the testbed's random-weights model: docs/TESTBED.md)
+            extra = (getattr(c.delta, "model_extra", None) or {}) if c.delta else {}
+            if c.delta and (c.delta.content or extra.get("reasoning_content") or extra.get("reasoning")):
                 text_chunks += 1
             if c.finish_reason:
                 finish = c.finish_reason
     if chunks < 2 or not text_chunks:
-        raise CheckFailed(f"{chunks} chunk(s), {text_chunks} with content: not a stream")
+        raise CheckFailed(f"{chunks} chunk(s), {text_chunks} with content or reasoning: not a stream")
     if finish is None:
         raise CheckFailed(f"{chunks} chunks but no final finish_reason")
     return f"{chunks} chunks ({text_chunks} with text), final finish_reason {finish}" + (
@@ -167,7 +177,25 @@ def _thinking(mode: str) -> Callable[[Context], str]:
     return fn
 
 
+def tools_refused(plan: ClusterPlan) -> str:
+    """Why the endpoint refuses a request with tools (an engine's CPU build without its tool parser, engines.yaml
+    `cpu: tools_refused` for the serving mode), or "" where it takes them."""
+    return str(((catalog.cpu_build(plan.engine, plan.platform) or {}).get("tools_refused") or {}).get(plan.serving, ""))
+
+
 def _tools(ctx: Context) -> str:
+    import openai
+
+    why = tools_refused(ctx.plan)
+    if why:
+        try:
+            ctx.openai().chat.completions.create(model=ctx.plan.served_model_name, max_tokens=8, tools=TOOLS,
+                                                 tool_choice="auto", messages=_msgs("What is the weather in Paris?"))
+        except openai.APIStatusError as e:
+            if e.status_code == 400:
+                return f"refused as planned: HTTP 400 ({why})"
+            raise CheckFailed(f"a request with tools: HTTP {e.status_code}, the plan says refused (400): {why}")
+        raise CheckFailed(f"a request with tools was accepted, but the plan says refused: {why}")
     r = chat(ctx, "What is the weather in Paris?", tools=TOOLS, tool_choice="auto", max_tokens=24)
     if not r.choices:
         raise CheckFailed("no choices")
@@ -336,9 +364,10 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
         Check("smoke/models", "smoke", "frontend", f"/v1/models lists {m}", _models,
               f"{models} {_auth_arg(plan)}".strip()),
         Check("smoke/chat", "smoke", "frontend", "chat completion has choices and usage", _chat,
-              _curl(plan, "/chat/completions", {"model": m, "messages": msg, "max_tokens": 16})),
+              _curl(plan, "/chat/completions", {"model": m, "messages": msg, "max_tokens": 16, **NO_THINKING})),
         Check("smoke/chat-stream", "smoke", "frontend", "streamed chat: chunks, then a finish_reason", _chat_stream,
-              _curl(plan, "/chat/completions", {"model": m, "messages": msg, "max_tokens": 24, "stream": True})),
+              _curl(plan, "/chat/completions", {"model": m, "messages": msg, "max_tokens": 24, "stream": True,
+                                                **NO_THINKING})),
         Check("smoke/completions", "smoke", "frontend", "/v1/completions has a text choice and usage", _completions,
               _curl(plan, "/completions", {"model": m, "prompt": "The capital of France is", "max_tokens": 12})),
     ]
@@ -347,7 +376,8 @@ def smoke_checks(plan: ClusterPlan) -> list[Check]:
                          _thinking(mode), _curl(plan, "/chat/completions", {
                              "model": m, "messages": msg, "max_tokens": 16,
                              "chat_template_kwargs": {"thinking_mode": mode}})))
-    out.append(Check("smoke/tools", "smoke", "frontend", "a request with tools is accepted", _tools,
+    out.append(Check("smoke/tools", "smoke", "frontend", "a request with tools is " + (
+        "refused (400)" if tools_refused(plan) else "accepted"), _tools,
                      _curl(plan, "/chat/completions", {"model": m, "messages": msg, "tools": TOOLS, "max_tokens": 24})))
     if frontend(plan) is not None and plan.workers:
         body = {"model": m, "messages": msg, "max_tokens": 8, **WORKER_ID}

