@@ -68,7 +68,7 @@ def test_up_writes_state_keys_and_ssh_config(tb):
     assert "StrictHostKeyChecking yes" in cfg and "ControlPath" in cfg and "HostName 10.78.0.12" in cfg
     known = open(st["ssh"]["known_hosts"]).read().splitlines()
     assert len(known) == 3 and len({line.split()[2] for line in known}) == 3  # one key per host
-    assert "booting 3 host(s)" in tb["up_out"]
+    assert "booting 3 hosts" in tb["up_out"]
 
 
 def test_hosts_outlive_the_up_command_in_their_own_session(tb):
