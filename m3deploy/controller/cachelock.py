@@ -86,3 +86,33 @@ def publish_symlink(link: Path, target_name: str) -> None:
         tmp.unlink()
     os.symlink(target_name, tmp)
     os.replace(tmp, link)
+
+
+def build_dir_once(pointer: Path, what: str, cached, build, digest, names) -> Path:
+    """The directory a small pointer file names, built at most once on this controller (the mock and tiny models).
+
+    `cached()` is the complete published directory or None; else, under the lock, `build()` gives the files
+    (name -> text or bytes), written into a private directory and published as `<pointer's folder>/<digest[:16]>`
+    with one rename (an incomplete one there is set aside, never deleted under a reader); then the pointer is
+    replaced atomically. `names`: the files a complete directory holds."""
+    import tempfile
+
+    root = pointer.parent
+    with locked(pointer, what):
+        d = cached()
+        if d is None:
+            files = build()
+            d = root / digest(files)[:16]
+            if not all((d / n).is_file() for n in names):
+                root.mkdir(parents=True, exist_ok=True)
+                work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+                os.chmod(work, 0o755)
+                for name, data in files.items():
+                    (work / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+                if d.exists():  # incomplete: set aside, never deleted under a reader
+                    d.rename(root / f".broken-{d.name}-{os.getpid()}-{time.time_ns()}")
+                work.rename(d)
+            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+            tmp.write_text(d.name + "\n")
+            os.replace(tmp, pointer)
+    return d

@@ -18,8 +18,6 @@ import json
 import os
 import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from m3deploy.core.errors import M3Error
@@ -220,30 +218,14 @@ def ensure_model_dir(served_name: str = NAME) -> Path:
     Training the tokenizer takes ~0.5 s, so the digest directory is remembered per (served name, this
     generator's source) in `by-source-<key>`: later runs only read the cached files. Safe under concurrency
     (m3deploy.controller.cachelock): built in a private directory under the lock, published with one rename."""
-    from m3deploy.controller.cachelock import locked
+    from m3deploy.controller.cachelock import build_dir_once
 
     pointer = _pointer(served_name)
-    root = pointer.parent
-    memo = (str(root), served_name)
+    memo = (str(pointer.parent), served_name)
     if memo in _built and all((_built[memo] / n).is_file() for n in FILES):
         return _built[memo]
-    with locked(pointer, f"the mock model for {served_name}"):
-        d = cached_model_dir(served_name)
-        if d is None:
-            files = build_files(served_name)
-            d = root / digest(files)[:16]
-            if not all((d / n).is_file() for n in FILES):
-                root.mkdir(parents=True, exist_ok=True)
-                work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-                os.chmod(work, 0o755)
-                for name, text in files.items():
-                    (work / name).write_text(text)
-                if d.exists():  # incomplete: set aside, never deleted under a reader
-                    d.rename(root / f".broken-{d.name}-{os.getpid()}-{time.time_ns()}")
-                work.rename(d)
-            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
-            tmp.write_text(d.name + "\n")
-            os.replace(tmp, pointer)
+    d = build_dir_once(pointer, f"the mock model for {served_name}", lambda: cached_model_dir(served_name),
+                       lambda: build_files(served_name), digest, FILES)
     _built[memo] = d
     return d
 

@@ -15,11 +15,8 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-import os
 import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from m3deploy.controller import mockmodel
@@ -130,30 +127,14 @@ _built: dict[tuple[str, str], Path] = {}
 def ensure_model_dir(served_name: str = NAME) -> Path:
     """The controller's cached copy: ~/.cache/m3deploy/tiny-model/<digest-prefix>/, built once (~2 s), under the
     lock, in a private directory published with one rename (as the mock model's)."""
-    from m3deploy.controller.cachelock import locked
+    from m3deploy.controller.cachelock import build_dir_once
 
     pointer = _pointer(served_name)
-    root = pointer.parent
-    memo = (str(root), served_name)
+    memo = (str(pointer.parent), served_name)
     if memo in _built and all((_built[memo] / n).is_file() for n in FILES):
         return _built[memo]
-    with locked(pointer, f"the tiny model for {served_name}"):
-        d = cached_model_dir(served_name)
-        if d is None:
-            files = build_files(served_name)
-            d = root / digest(files)[:16]
-            if not all((d / n).is_file() for n in FILES):
-                root.mkdir(parents=True, exist_ok=True)
-                work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-                os.chmod(work, 0o755)
-                for name, data in files.items():
-                    (work / name).write_bytes(data)
-                if d.exists():  # incomplete: set aside, never deleted under a reader
-                    d.rename(root / f".broken-{d.name}-{os.getpid()}-{time.time_ns()}")
-                work.rename(d)
-            tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
-            tmp.write_text(d.name + "\n")
-            os.replace(tmp, pointer)
+    d = build_dir_once(pointer, f"the tiny model for {served_name}", lambda: cached_model_dir(served_name),
+                       lambda: build_files(served_name), digest, FILES)
     _built[memo] = d
     return d
 

@@ -180,3 +180,18 @@ def https_status(url: str, ca: str | None, key: str | None = None, scheme: str =
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def prom(plan, path: str, **query):
+    """The `data` of a GET of the plan's Prometheus API at `path` (query parameters from keywords); asserts success."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    from m3deploy.core import monitor
+
+    url = monitor.prometheus_url(plan, path) + ("?" + urllib.parse.urlencode(query) if query else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    return doc["data"]

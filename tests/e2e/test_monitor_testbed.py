@@ -67,16 +67,6 @@ def testbed(testbed_up):
         yield _plan(), time.monotonic()
 
 
-def _prom(plan, path: str, **query):
-    from m3deploy.core import monitor
-
-    url = monitor.prometheus_url(plan, path) + ("?" + urllib.parse.urlencode(query) if query else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.loads(r.read())
-    assert doc["status"] == "success", doc
-    return doc["data"]
-
-
 def _load(plan, n: int = 40, threads: int = 4) -> int:
     """n small chat requests through the frontend; the number answered 200."""
     ok = []
@@ -108,7 +98,7 @@ def test_every_planned_target_is_up_within_60s_of_the_deploy(testbed):
     want = {(t.job, t.host, t.service) for t in monitor.targets(plan)}
     assert {j for j, _, _ in want} >= {"frontend", "worker", "etcd", "nats", "node", "prometheus"}
     while True:
-        active = _prom(plan, "/api/v1/targets", state="active")["activeTargets"]
+        active = tbrun.prom(plan, "/api/v1/targets", state="active")["activeTargets"]
         got = {(t["labels"]["job"], t["labels"]["host"], t["labels"]["service"]): t["health"] for t in active}
         up = {k for k, v in got.items() if v == "up"}
         waited = time.monotonic() - ended
@@ -127,7 +117,7 @@ def test_the_generated_rules_load_and_evaluate(testbed):
     want = {r.get("record") or r.get("alert") for g in monitor.rules(plan)["groups"] for r in g["rules"]}
     deadline = time.monotonic() + 30
     while True:
-        loaded = {r["name"]: r for g in _prom(plan, "/api/v1/rules")["groups"] for r in g["rules"]}
+        loaded = {r["name"]: r for g in tbrun.prom(plan, "/api/v1/rules")["groups"] for r in g["rules"]}
         unevaluated = [n for n in want if n in loaded and not loaded[n].get("lastEvaluation", "").startswith("20")]
         if not unevaluated or time.monotonic() > deadline:
             break
@@ -145,7 +135,7 @@ def test_every_metric_a_dashboard_or_rule_uses_exists_in_the_live_prometheus(tes
     plan, _ = testbed
     assert _load(plan, 24) == 24
     time.sleep(2 * int(monitor.setting(plan, "m3_monitor_scrape_interval_s")) + 1)  # two scrapes after the traffic
-    live = set(_prom(plan, "/api/v1/label/__name__/values"))
+    live = set(tbrun.prom(plan, "/api/v1/label/__name__/values"))
     used = monitor.used_metrics(plan)
     dead = {n: sorted(w) for n, w in used.items() if n not in live}
     assert not dead, f"names used by rules or dashboards that the live Prometheus does not have: {dead}"
@@ -250,7 +240,7 @@ def test_render_one_panel_to_png(testbed):
     fig, ax = plt.subplots(figsize=(8, 4))
     drawn = 0
     for t in panel["targets"]:
-        res = _prom(plan, "/api/v1/query_range", query=t["expr"], start=end - 600, end=end, step=5)["result"]
+        res = tbrun.prom(plan, "/api/v1/query_range", query=t["expr"], start=end - 600, end=end, step=5)["result"]
         for series in res:
             xs = [float(x) - end for x, _ in series["values"]]
             ys = [float(y) * 1000 for _, y in series["values"]]

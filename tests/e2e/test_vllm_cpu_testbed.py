@@ -12,7 +12,9 @@ tiny random-weights model, once; the hosts install both offline. In file order:
    behind the frontend's KV router, which their KV events feed; verify passes (its note says which checks a
    random-weights model cannot pass), each worker's system port /metrics shows the vllm: counters grown by the
    smoke requests, the router saw the workers' KV events, and every metric name the generated rules and dashboards
-   read is in the live Prometheus.
+   read is in the live Prometheus;
+3. opt-in (`-m drills`, as tests/e2e/test_drills.py): a SIGKILL of one dynamo.vllm worker and a rolling change of
+   both under load, 0 failed requests each; figures in benchmarks/results/drills-vllm-<UTC start>.md.
 
 The wheelhouse needs PyTorch's CPU builds of torch and torchvision (engines.yaml `vllm: cpu: wheels`). Our machines
 keep torch 2.13.0+cpu on disk (pip's find-links); PyTorch's CPU index, where torchvision 0.28.0+cpu is, is out of
@@ -24,6 +26,7 @@ Keep the testbed after the run: M3_E2E_KEEP=1.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -37,6 +40,10 @@ import urllib.request
 import cpu_torchvision
 import pytest
 import tbrun
+
+from load import Load
+from m3deploy.check import rollout
+from m3deploy.check.checks import frontend_url, instance_services, metrics_url
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +144,7 @@ def dynamo(testbed):
 
     want, deadline = len(monitor.targets(plan)), time.monotonic() + 120  # Prometheus's first scrapes after the deploy
     while time.monotonic() < deadline:
-        active = _prom(plan, "/api/v1/targets", state="active")["activeTargets"]
+        active = tbrun.prom(plan, "/api/v1/targets", state="active")["activeTargets"]
         if len(active) >= want and all(x.get("health") == "up" for x in active):
             break
         time.sleep(5)
@@ -153,16 +160,6 @@ def test_dynamo_vllm_workers_behind_the_kv_router_and_verify_passes(dynamo):
     assert not any(r["id"].startswith(("smoke/reasoning-split", "smoke/tool-call")) for r in doc["results"])
     assert any("random-weights" in n for n in doc["notes"]), doc["notes"]
     print(f"Dynamo verify: {doc['passed']} passed in {doc['seconds']} s; notes {doc['notes']}")
-
-
-def _prom(plan, path: str, **query):
-    from m3deploy.core import monitor
-
-    url = monitor.prometheus_url(plan, path) + ("?" + urllib.parse.urlencode(query) if query else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
-        doc = json.loads(r.read())
-    assert doc["status"] == "success", doc
-    return doc["data"]
 
 
 def _hit_rate_sum(plan) -> float:
@@ -196,9 +193,83 @@ def test_every_metric_the_dashboards_and_rules_read_exists_in_this_prometheus(dy
     from m3deploy.core import monitor
 
     time.sleep(2 * int(monitor.setting(dynamo, "m3_monitor_scrape_interval_s")) + 1)
-    live = set(_prom(dynamo, "/api/v1/label/__name__/values"))
+    live = set(tbrun.prom(dynamo, "/api/v1/label/__name__/values"))
     used = monitor.used_metrics(dynamo)
     dead = {n: sorted(w) for n, w in used.items() if n not in live}
     assert not dead, f"names the rules or dashboards read that the live Prometheus lacks: {dead}"
     print(f"{len(used)} metric names used, all among the {len(live)} live ones "
           f"({len([n for n in live if n.startswith('vllm:')])} vllm:*)")
+
+
+# ---------------------------------------------------------------------------- drills (opt-in: `-m drills`)
+# The SIGKILL and rolling-change drills of tests/e2e/test_drills.py against the two dynamo.vllm workers, under the
+# same load client (tests/e2e/load.py: 4 concurrent chats, streaming and not, max_tokens 24, no retries). Figures:
+# benchmarks/results/drills-vllm-<UTC start>.md.
+STARTED = datetime.datetime.now(datetime.timezone.utc)
+RESULTS: list[dict] = []
+BACK_S = 300  # a restarted vLLM on one core: ~26 s to /health alone with a warm compile cache, more beside load
+
+
+def _heads(plan) -> dict[str, str]:
+    return {f"{h.name}/{s.name}": metrics_url(h, s) for h, s in instance_services(plan)}
+
+
+def _drill(plan, name: str, fault, recover, note: str):
+    """Load for 5 s, the fault, its recovery wait (seconds it returns), 5 s more load; the row recorded and the
+    results file written. Every planned worker is listed under its running process afterwards."""
+    with Load(plan.endpoint, plan.served_model_name, concurrency=4, duration_s=1200) as load:
+        time.sleep(5)
+        t0 = time.monotonic()
+        fault()
+        took = recover(t0)
+        time.sleep(5)
+        stats = load.stop()
+    assert stats.ok > 0, f"the load client got no answer at all: {stats.summary()}"
+    rollout.wait_workers(frontend_url(plan, "/health"), _heads(plan), timeout_s=120)
+    tbrun.record(RESULTS, name, stats, took, note, key="recovery")
+    tbrun.write_results(
+        "drills-vllm", STARTED, "Drills under load against a real engine (vLLM on CPU under Dynamo)",
+        "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_vllm_cpu_testbed.py` on the local testbed "
+        "(one 2-core machine; `load`: its 1-minute load average): 1 control host (etcd, NATS, the frontend with "
+        "its KV router) and 2 `python -m dynamo.vllm` workers (vllm-cpu 0.31.0, the tiny random-weights model, "
+        "one core each); load: tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, "
+        "max_tokens 24, no retries.",
+        ["drill", "sent", "ok", "failed", "recovery s", "failures", "notes"],
+        [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, f"{r['recovery']:.1f}",
+          tbrun.failures(r["stats"]), r.get("note", "")] for r in RESULTS])
+    return stats, took
+
+
+@pytest.mark.drills
+def test_drill_sigkill_a_vllm_worker_fails_no_request(dynamo):
+    """systemd restarts the SIGKILLed worker (its vLLM EngineCore too: the unit's cgroup); the frontend migrates
+    what was in flight on it to the other worker and stops routing to it at once (ExecStopPost revokes its
+    records); recovery: its new process listed and serving again."""
+    heads, health = _heads(dynamo), frontend_url(dynamo, "/health")
+    key = list(heads)[0]
+    host, unit = key.split("/")
+    old = set(rollout.worker_counts(heads[key]))
+    stats, took = _drill(
+        dynamo, "SIGKILL one dynamo.vllm worker", lambda: TB.on(host, f"systemctl kill -s KILL {unit}"),
+        lambda t0: rollout.wait_routable(key, health, heads[key], old, send=lambda: None, timeout_s=BACK_S),
+        note="systemd restarts it (Restart=always); in-flight requests migrate; recovery: new process serving")
+    assert stats.failed == 0, stats.summary()
+    assert not rollout.listed_ids(health) & old, "the frontend still lists the killed process"
+
+
+@pytest.mark.drills
+def test_drill_rolling_change_of_both_vllm_workers_fails_no_request(dynamo):
+    """A worker-only change (m3_max_model_len: vLLM's --max-model-len) rolls the two workers one at a time, each
+    drained (dynamo.vllm unregisters, then waits its grace period) and serving again before the next."""
+    runs = []
+    stats, took = _drill(
+        dynamo, "rolling change of both workers (m3_max_model_len 8192)",
+        lambda: runs.append(TB.deploy(*_args((*DYNAMO, "m3_max_model_len=8192")), timeout=1500)),
+        lambda t0: time.monotonic() - t0, note="recovery: the deploy's own wall time")
+    run = runs[0]
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert sorted(re.findall(r"rolled worker (\d+) ", run.stdout)) == ["0", "1"], run.stdout[-4000:]
+    for h in dynamo.hosts:
+        if any(s.kind == "worker" for s in h.services):
+            assert "--max-model-len 8192" in TB.on(h.name, "ps -eo args"), h.name
+    assert stats.failed == 0, stats.summary()

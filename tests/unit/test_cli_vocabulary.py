@@ -179,8 +179,11 @@ def test_status_in_a_pipe_is_not_cut_at_80_columns(lab):
 
 
 def test_status_watch_in_a_pipe_prints_each_refresh(lab):
+    # Ctrl-C's SIGINT stops it; SIGINT's default action restored in the child, as a shell started in the
+    # background (`.ci/run &`) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
     p = subprocess.Popen(M3DEPLOY + ["status", lab, "--source", "direct", "--watch", "--interval", "0.5"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=ENV)
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=ENV,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         seen = ""
