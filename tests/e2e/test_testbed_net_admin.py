@@ -24,6 +24,7 @@ import tbrun
 
 from m3deploy.testbed import config as tbconfig
 from m3deploy.testbed import core as testbed
+from roles.hostops import APT_RETRIES
 
 pytestmark = pytest.mark.e2e
 
@@ -101,10 +102,11 @@ def _wait_vip(host: str, timeout: float = 20) -> float:
 
 def test_keepalived_moves_the_address_when_its_host_is_cut_off(hosts):
     for i, h in enumerate(hosts):
-        # apt through the testbed's cache, up to 3 tries (a cold cache's first fetch once failed here, unseen);
-        # apt's own words stay in the output the assertion shows
-        r = run(h, "for t in 1 2 3; do apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                   "keepalived >/dev/null && break; sleep 3; done; dpkg -s keepalived >/dev/null && "
+        # apt through the testbed's cache, retried as the deploy's own apt operations are (roles/hostops.py
+        # APT_RETRIES: a cold cache's first fetch once failed here, unseen); apt's words stay in the failure
+        tries, delay = APT_RETRIES["_retries"] + 1, APT_RETRIES["_retry_delay"]
+        r = run(h, f"for t in $(seq {tries}); do apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install "
+                   f"-y -qq keepalived >/dev/null && break; sleep {delay}; done; dpkg -s keepalived >/dev/null && "
                    "mkdir -p /etc/keepalived && cat > /etc/keepalived/keepalived.conf <<'E'\n"
                    + _KEEPALIVED.format(prio=150 - 50 * i, vip=VIP) + "E\nsystemctl restart keepalived", timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
