@@ -196,7 +196,7 @@ _KEYS = (
         "request gets no byte until its whole answer is made (a 64K-token answer at 30 tokens/s: ~36 min); a stream "
         "is bounded only by its gaps (docs/OPERATIONS.md \"The edge\")", True, range=(60, 7 * 86400)),
     Key("m3_edge_retry_body_kb", int, 64, "the edge's buffer (HAProxy tune.bufsize), KB: a request (headers and body) "
-        "up to this less 1 KB is retried on another frontend after a 404/503; a larger one gets the frontend's "
+        "up to this less 1 KB is retried on another frontend after a 404/500/503; a larger one gets the frontend's "
         "answer; each connection holds two buffers (docs/OPERATIONS.md \"The edge\")", True, range=(16, 1024)),
     Key("m3_vip", str, None, "with the edge and 3 control hosts: one address for the cluster, 'ADDRESS/PREFIX' in "
         "the control hosts' subnet that no host has; keepalived's VRRP moves it to a control host whose edge is "

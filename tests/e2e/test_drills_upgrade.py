@@ -44,7 +44,9 @@ TB = tbrun.Testbed(NAME, SUBNET, 3, ENV, scratch=(CONFIG,))
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 RESULTS: list[dict] = []
 MIN_REQUESTS = 5000
-CLIENTS = 32  # concurrent clients: the mocker answers one in ~0.3 s, so about 100 req/s where the machine keeps up
+# concurrent clients and tokens a request: measured on the kept testbed with nothing rolling (20 s each, 2026-12-07):
+# 32 clients x 24 tokens 77 req/s, 64 x 24 85, 96 x 24 119, 96 x 16 129, 128 x 16 129 (the 2 cores are the bound)
+CLIENTS, MAX_TOKENS = 96, 16
 
 
 def version(v: str) -> tuple[str, ...]:
@@ -105,7 +107,7 @@ def cluster(testbed_up):
                 "host (etcd, NATS, 2 frontends behind HAProxy with TLS and an API key) and 2 mocker workers. Load: "
                 f"tests/e2e/load.py through the edge, {CLIENTS} concurrent clients, at least {MIN_REQUESTS} requests a "
                 "drill (the load runs on after the deploy until then), streaming and non-streaming chat, "
-                "max_tokens 24, no retries. Probe: a round over every frontend's /health every 0.5 s (direct, not via the "
+                f"max_tokens {MAX_TOKENS}, no retries. Probe: a round over every frontend's /health every 0.5 s (direct, not via the "
                 "edge); `fewest routable`: over the rounds, the fewest of the most `generate` instances any frontend "
                 "listed in a round; `fewest listed`: the fewest one answering frontend listed (a restarted frontend "
                 "not yet back at the edge may list none); `not answered`: a frontend restarting.",
@@ -117,7 +119,7 @@ def cluster(testbed_up):
 def change(p, ca, data: tuple[str, ...], name: str) -> None:
     target = TB.plan(data).generation
     probe = Probe(frontend_urls(p, "/health"))
-    with Load(p.endpoint, p.served_model_name, concurrency=CLIENTS, duration_s=900, api_key=KEY, ca_file=ca,
+    with Load(p.endpoint, p.served_model_name, concurrency=CLIENTS, max_tokens=MAX_TOKENS, duration_s=900, api_key=KEY, ca_file=ca,
               max_requests=60000, min_requests=MIN_REQUESTS) as load:
         probe.start()
         time.sleep(3)

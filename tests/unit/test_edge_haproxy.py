@@ -53,11 +53,12 @@ def _free_port_pair() -> int:
 
 class Frontend(ThreadingHTTPServer):
     """A stand-in Dynamo frontend: `ready` is what its readiness route says; `routes`, whether it answers a chat
-    request (else 404 "model not found", as Dynamo answers before it has discovered the workers)."""
+    request (else 404 "model not found", as Dynamo answers before it has discovered the workers); `fails`: it
+    answers 500 instead, as Dynamo 1.6.1 does in the instant a worker set loses its last worker."""
     daemon_threads = True
 
     def __init__(self, port: int, ready: bool):
-        self.ready, self.routes, self.chats = ready, ready, 0
+        self.ready, self.routes, self.fails, self.chats = ready, ready, False, 0
         super().__init__(("127.0.0.1", port), _Handler)
 
 
@@ -88,7 +89,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.server.chats += 1
-        if self.server.routes:
+        if self.server.fails:  # Dynamo 1.6.1's words (lib/llm: KvSchedulerError::NoEndpoints, not migrated)
+            self._send(500, {"message": "Failed to generate completions", "type": "Internal Server Error", "code": 500})
+        elif self.server.routes:
             self._send(200, {"choices": [{"message": {"content": "ok"}}]})
         else:
             self._send(404, {"message": f"Model not found: {MODEL}", "type": "Not Found", "code": 404})
@@ -170,3 +173,15 @@ def test_a_404_is_retried_on_the_other_frontend_also_when_the_body_comes_late(ed
     got = [_chat(port, late_body=i % 2 == 0) for i in range(6)]
     assert got == [200] * 6, got
     assert coming_back.chats > 0, "no request reached the frontend that answers 404: nothing was retried"
+
+
+def test_a_500_of_a_frontend_whose_worker_set_just_emptied_is_retried_on_the_other(edge_up):
+    """Seen in the upgrade drill (issue 38): the old generation's last worker drains, and for ~40 ms one frontend's
+    KV router still picks that generation's empty worker set: "no endpoints available to route work", answered 500
+    (Dynamo's migration does not retry it). The edge tries such a request on the other frontend."""
+    port, start = edge_up
+    emptied, ready = start(True, True)
+    emptied.fails = True
+    got = [_chat(port, late_body=i % 2 == 0) for i in range(6)]
+    assert got == [200] * 6, got
+    assert emptied.chats > 0, "no request reached the frontend that answers 500: nothing was retried"

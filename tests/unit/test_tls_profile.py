@@ -92,7 +92,7 @@ def test_haproxy_accepts_the_edge_config(tmp_path, pem):
 def test_the_edge_timeout_and_buffer_come_from_their_settings():
     text = files(plan())[edge.EDGE_CONF]
     assert "timeout server 3600s" in text and "timeout client 3600s" in text and "tune.bufsize 65536" in text
-    assert "option http-buffer-request" in text and "retry-on conn-failure empty-response 404 503" in text
+    assert "option http-buffer-request" in text and "retry-on conn-failure empty-response 404 500 503" in text
     text = files(plan(m3_edge_timeout_server_s=7200, m3_edge_retry_body_kb=256))[edge.EDGE_CONF]
     assert "timeout server 7200s" in text and "tune.bufsize 262144" in text
 
