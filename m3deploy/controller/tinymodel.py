@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 from m3deploy.controller import mockmodel
+from m3deploy.core import catalog
 
 NAME = mockmodel.NAME
 SEED = 20261206
-MAX_POSITIONS = 4096
+MAX_POSITIONS = int(catalog.engines()["vllm"]["cpu"]["max_context"])  # the window the plan validates against
 WEIGHTS = "model.safetensors"
 FILES = (*mockmodel.FILES, WEIGHTS)
 TOOL_TOKENS = ("]<]minimax[>[<tool_call>", "]<]minimax[>[</tool_call>")

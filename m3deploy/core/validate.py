@@ -168,6 +168,11 @@ def max_model_len(c: Cluster, add: Add) -> None:
             add(f"key m3_max_model_len: {mml!r} is not a positive integer (tokens)")
         elif mml > c.model["max_context"]:
             add(f"key m3_max_model_len: {mml} is above MiniMax-M3's 1M-token window ({c.model['max_context']})")
+        elif (cpu := catalog.cpu_build(c.engine, c.platform if c.known else None)) and mml > int(cpu["max_context"]):
+            add(f"key m3_max_model_len: {mml} is above the {cpu['max_context']}-token window of {cpu['model']}, the "
+                f"model {c.engine}'s CPU build serves on platform {c.platform} (engines.yaml {c.engine} cpu: "
+                f"max_context); vLLM would refuse it at every start. Fix: m3_max_model_len <= {cpu['max_context']}, "
+                "or unset")
 
 
 @rule(RULES)

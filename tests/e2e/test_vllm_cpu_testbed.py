@@ -207,7 +207,7 @@ def test_every_metric_the_dashboards_and_rules_read_exists_in_this_prometheus(dy
 # benchmarks/results/drills-vllm-<UTC start>.md.
 STARTED = datetime.datetime.now(datetime.timezone.utc)
 RESULTS: list[dict] = []
-BACK_S = 300  # a restarted vLLM (eager) was listed at 36 s unloaded; beside the load not within 420 s (docs/TESTBED.md)
+BACK_S = 180  # listed again 34-49 s after the kill under this load (VLLM_CPU_OMP_THREADS_BIND=nobind; docs/TESTBED.md)
 
 
 def _heads(plan) -> dict[str, str]:
@@ -232,7 +232,7 @@ def _drill(plan, name: str, fault, recover, note: str):
         "`python3 -m pytest -p no:cacheprovider -m drills tests/e2e/test_vllm_cpu_testbed.py` on the local testbed "
         "(one 2-core machine; `load`: its 1-minute load average): 1 control host (etcd, NATS, the frontend with "
         "its KV router) and 2 `python -m dynamo.vllm` workers (vllm-cpu 0.31.0, the tiny random-weights model, "
-        "one core each); load: tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, "
+        "OpenMP threads not bound to a core); load: tests/e2e/load.py, 4 concurrent clients, streaming and non-streaming chat, "
         "max_tokens 24, no retries.",
         ["drill", "sent", "ok", "failed", "recovery s", "failures", "notes"],
         [[r["drill"], r["stats"].sent, r["stats"].ok, r["stats"].failed, f"{r['recovery']:.1f}",
@@ -259,17 +259,19 @@ def test_drill_sigkill_a_vllm_worker_fails_no_request(dynamo):
 
 @pytest.mark.drills
 def test_drill_rolling_change_of_both_vllm_workers_fails_no_request(dynamo):
-    """A worker-only change (m3_max_model_len: vLLM's --max-model-len) rolls the two workers one at a time, each
-    drained (dynamo.vllm unregisters, then waits its grace period) and serving again before the next."""
+    """A worker-only change (m3_max_model_len: vLLM's --max-model-len, 2048: within the tiny model's 4096-token
+    window, which the plan enforces: 8192 crash-looped the first worker at every start) rolls the two
+    workers one at a time, each drained (dynamo.vllm unregisters, then waits its grace period) and serving again
+    before the next."""
     runs = []
     stats, took = _drill(
-        dynamo, "rolling change of both workers (m3_max_model_len 8192)",
-        lambda: runs.append(TB.deploy(*_args((*DYNAMO, "m3_max_model_len=8192")), timeout=1500)),
+        dynamo, "rolling change of both workers (m3_max_model_len 2048)",
+        lambda: runs.append(TB.deploy(*_args((*DYNAMO, "m3_max_model_len=2048")), timeout=1500)),
         lambda t0: time.monotonic() - t0, note="recovery: the deploy's own wall time")
     run = runs[0]
     assert run.returncode == 0, run.stdout[-4000:]
     assert sorted(re.findall(r"rolled worker (\d+) ", run.stdout)) == ["0", "1"], run.stdout[-4000:]
     for h in dynamo.hosts:
         if any(s.kind == "worker" for s in h.services):
-            assert "--max-model-len 8192" in TB.on(h.name, "ps -eo args"), h.name
+            assert "--max-model-len 2048" in TB.on(h.name, "ps -eo args"), h.name
     assert stats.failed == 0, stats.summary()
