@@ -73,8 +73,8 @@ _KEYS = (
     Key("m3_serving", str, "standalone", "standalone engines, or dynamo (frontend + KV router)", True),
     Key("m3_features", list, [], "recipe features (catalog.yaml `features`; `no-X` drops a default one)",
         True, check="names"),
-    Key("m3_max_model_len", int, None, "context cap, tokens, <= 1048576 (engines.yaml names each engine's flag)",
-        True),
+    Key("m3_max_model_len", int, None, "context cap, tokens, <= 1048576 (engines.yaml names each engine's flag); "
+        "on the testbed's vLLM CPU build, <= its tiny model's window (engines.yaml vllm cpu: max_context)", True),
     Key("m3_extra_args", (list, dict), [], "extra engine flags: the last layer (no secrets: --api-key is refused)",
         True, check="args"),
     Key("m3_unset_args", list, [], "engine flags or env names to drop: the last layer (not a flag the plan sets)",
