@@ -20,6 +20,7 @@ from pathlib import Path
 from m3deploy.controller.cachelock import locked
 from m3deploy.controller.secrets import secrets_path
 from m3deploy.core import generation as gen
+from m3deploy.core import settings
 from m3deploy.core.connection import SUDO_KEYS
 from m3deploy.core.errors import ValidationError
 from m3deploy.core.model import ClusterPlan, HostPlan
@@ -155,11 +156,20 @@ def _deployed_dynamo(record: dict) -> dict[str, list[str]]:
 
 def skew_problems(plan: ClusterPlan, record: dict) -> list[str]:
     """The version-skew refusals of deploying `plan` over what the record says runs (catalog.yaml `version_skew`,
-    core/generation.py): checked by `m3deploy validate` and the deploy before any host is touched."""
+    core/generation.py), and those of a model-card change that cannot change namespace (m3_planner): checked by
+    `m3deploy validate` and the deploy before any host is touched."""
     if not plan.dynamo_version or plan.state == "absent":
         return []
-    return [p for old, names in _deployed_dynamo(record).items()
-            for p in gen.change_problems(old, plan.dynamo_version, f"the deploy record ({', '.join(names)})")]
+    out = [p for old, names in _deployed_dynamo(record).items()
+           for p in gen.change_problems(old, plan.dynamo_version, f"the deploy record ({', '.join(names)})")]
+    cards: dict[str, list[str]] = {}  # the recorded model cards (JSON) -> their hosts
+    for name, entry in sorted((record.get("hosts") or {}).items()):
+        g = (entry.get("planned") or {}).get("generation")
+        if g and plan.generation and "card" in g:  # a record from before the card counted: not known, not refused
+            cards.setdefault(json.dumps(g.get("card") or {}, sort_keys=True), []).append(name)
+    return out + [p for card, names in cards.items()
+                  for p in gen.card_change_problems(json.loads(card), plan.generation,
+                                                    f"the deploy record ({', '.join(names)})")]
 
 
 def refuse_skew(plan: ClusterPlan) -> None:
@@ -184,7 +194,7 @@ def generation_change(plan: ClusterPlan, record: dict) -> list[str]:
             "stay until the next deploy, its unit and env files in /var/lib/m3/rollback/",
             f"  2. the frontends restart on Dynamo {plan.dynamo_version} (before any worker rolls; behind m3_edge, "
             f"drained one at a time): {', '.join(frontends)}",
-            f"  3. the workers roll one instance at a time into namespace dynamo-{new.id}; each is drained from "
+            f"  3. the workers roll one instance at a time into namespace {new.namespace}; each is drained from "
             f"the old generation only after every frontend lists its successor as routable: {', '.join(workers)}",
             "  4. the serving check; `m3deploy verify`; a roll back is the same change the other way "
             "(docs/OPERATIONS.md \"Upgrades and rollback\")"]
@@ -193,13 +203,20 @@ def generation_change(plan: ClusterPlan, record: dict) -> list[str]:
 def rollback_data(record: dict) -> list[str]:
     """The --data that returns to the generation the last generation change replaced ([] when none is recorded):
     `m3deploy plan --diff-deployed` prints it."""
-    prev = next((e["previous_generation"] for _, e in sorted((record.get("hosts") or {}).items())
-                 if e.get("previous_generation")), None)
-    if not prev:
+    entry = next((e for _, e in sorted((record.get("hosts") or {}).items()) if e.get("previous_generation")), None)
+    if not entry:
         return []
+    prev = entry["previous_generation"]
+    now = (entry.get("planned") or {}).get("generation") or {}
     out = [f"m3_dynamo_version={prev['dynamo_version']}", f"m3_engine={prev['engine']}",
            f"m3_runtime={prev['runtime']}", f"m3_model_id={prev['model_id']}"]
-    return out + ([f"m3_image={prev['image']}"] if prev["image"] != "recipe" else [])
+    out += [f"m3_image={prev['image']}"] if prev["image"] != "recipe" else []
+    if "card" not in prev:  # recorded before the model card counted: its values are not known
+        return out
+    # the model card's settings: the previous value, or the default again where only the current one sets it
+    was, has = prev["card"], now.get("card") or {}
+    return out + [f"{k}={was[k] if k in was else json.dumps(settings.KEYS[k].default)}"
+                  for k in gen.card_keys() if k in was or k in has]
 
 
 def describe_running(entry: dict) -> str:

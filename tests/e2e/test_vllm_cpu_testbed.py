@@ -44,6 +44,7 @@ import tbrun
 from load import Load
 from m3deploy.check import rollout
 from m3deploy.check.checks import frontend_url, instance_services, metrics_url
+from m3deploy.core import generation as gen
 
 pytestmark = pytest.mark.e2e
 
@@ -262,7 +263,13 @@ def test_drill_rolling_change_of_both_vllm_workers_fails_no_request(dynamo):
     """A worker-only change (m3_max_model_len: vLLM's --max-model-len, 2048: within the tiny model's 4096-token
     window, which the plan enforces: 8192 crash-looped the first worker at every start) rolls the two
     workers one at a time, each drained (dynamo.vllm unregisters, then waits its grace period) and serving again
-    before the next."""
+    before the next. The context length is in the model card Dynamo's frontend compares a newcomer against, so
+    the change is one of generation: the rolled workers register under a new namespace, their own WorkerSet
+    (rolled in place, in the old namespace, the first one was listed and never sent a request)."""
+    def suffixes():
+        return {h.name: TB.on(h.name, f"cat /etc/m3/*.env | sed -n 's/^{gen.SUFFIX_ENV}=//p'").split()
+                for h in dynamo.hosts if any(s.kind == "worker" for s in h.services)}
+    before = suffixes()
     runs = []
     stats, took = _drill(
         dynamo, "rolling change of both workers (m3_max_model_len 2048)",
@@ -274,4 +281,6 @@ def test_drill_rolling_change_of_both_vllm_workers_fails_no_request(dynamo):
     for h in dynamo.hosts:
         if any(s.kind == "worker" for s in h.services):
             assert "--max-model-len 2048" in TB.on(h.name, "ps -eo args"), h.name
+    after, old_ns = suffixes(), {x for v in before.values() for x in v}
+    assert all(v and not set(v) & old_ns for v in after.values()), f"namespace suffixes {before} -> {after}"
     assert stats.failed == 0, stats.summary()

@@ -41,9 +41,38 @@ def test_every_worker_registers_under_its_generation_and_frontends_discover_all(
 
 def test_the_generation_follows_what_defines_it_and_only_that():
     base = load_plan(INV, [], facts=False).generation
-    assert load_plan(INV, ["m3_max_model_len=65536"], facts=False).generation == base  # a flag: same generation
+    assert set(base.card) == {"m3_max_model_len", "m3_disagg"}  # the inventory sets them: its card's
+    # flags the model card does not carry roll in place: the same generation
+    for data in (["m3_max_num_seqs=64"], ['m3_extra_args=["--max-num-batched-tokens", "8192"]'],
+                 ['m3_extra_env={"VLLM_LOGGING_LEVEL": "DEBUG"}']):
+        assert load_plan(INV, data, facts=False).generation == base, data
     for data in (['m3_dynamo_version="1.6.0"'], ['m3_image="nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.0"']):
         assert load_plan(INV, data, facts=False).generation.id != base.id, data
+
+
+@pytest.mark.parametrize("data, key", [
+    (["m3_max_model_len=65536"], "m3_max_model_len"),  # the card's context length (the inventory's: 40000)
+    (['m3_served_model_name="m3"'], "m3_served_model_name"),  # its display name
+    (['m3_extra_args=["--custom-jinja-template", "/etc/m3/chat.jinja"]'], "m3_extra_args"),  # its chat template
+    (['m3_unset_args=["--router-mode"]'], "m3_unset_args"),  # its advertised router config
+])
+def test_a_change_of_the_model_card_is_a_new_generation_and_namespace(data, key):
+    """Dynamo's frontend rejects a worker whose model card differs from its WorkerSet's (seen with vLLM on the
+    testbed: the rolled worker was listed and never sent a request): such a change rolls into a new namespace."""
+    base = load_plan(INV, [], facts=False)
+    plan = load_plan(INV, data, facts=False)
+    g = plan.generation
+    assert g.id != base.generation.id and key in g.card and key in g.describe()
+    assert all(e[gen.SUFFIX_ENV] == g.id for e in _env(plan, "worker"))
+    # the record shows it as a generation change, and its roll back sets the key back (to its default here)
+    _record(base)
+    change = deployed.generation_change(plan, deployed.load(plan.name))
+    assert change[0].startswith(f"generation change: {base.generation.id} on ") and key in change[0]
+    assert f"into namespace dynamo-{g.id}" in "\n".join(change)
+    _record(plan)
+    back = deployed.rollback_data(deployed.load(plan.name))
+    assert any(b.startswith(f"{key}=") for b in back), back
+    assert load_plan(INV, back, facts=False).generation == base.generation
 
 
 def test_skew_policy_pairs_from_the_catalog():
@@ -121,3 +150,37 @@ def test_a_generation_change_keeps_the_previous_venv_and_images_on_the_host():
     assert written["images"][-1] == "m3deploy/dynamo-mocker:1.6.0-x" and written["m3deploy_manifest"] == 1
     # the next deploy of the same generation: the previous venv is a leftover again, and goes
     assert shrink.leftovers(written, new)["venvs"] == ["/opt/m3/dynamo-1.6.0"]
+
+
+def test_a_model_card_change_under_the_planner_is_refused_before_any_host():
+    """With m3_planner the workers stay in the namespace `dynamo` (the planner addresses it): a card change
+    cannot move them to their own WorkerSet, so the deploy and validate refuse it, naming the key and the fix."""
+    from m3deploy.core import build, inventory, planner
+
+    def plan(**data):
+        workers = [(f"w{i}", {"m3_address": f"10.0.0.{i}"}) for i in (1, 2, 3)]
+        groups = {"control": [("c1", {"m3_address": "10.0.0.99"})], "workers": workers, "standby": workers[2:]}
+        return build.build(inventory.hosts_from_dict(groups, all_data={
+            "m3_platform": "sim", "m3_parallel": "tp1", "m3_engine": "mocker", "m3_serving": "dynamo",
+            "m3_planner": {"cooldown_s": 30}, **data}), name="t")
+
+    old = plan()
+    assert old.generation.namespace == planner.NAMESPACE
+    assert all(gen.SUFFIX_ENV not in e for e in _env(old, "worker"))
+    _record(old)
+    assert deployed.skew_problems(plan(m3_max_num_seqs=8), deployed.load("t")) == []  # not in the card: rolls
+    problems = deployed.skew_problems(plan(m3_max_model_len=2048), deployed.load("t"))
+    assert len(problems) == 1 and problems[0].startswith("key m3_max_model_len: the deploy record (")
+    assert "runs unset, the plan 2048" in problems[0] and "without m3_planner" in problems[0]
+    with pytest.raises(ValidationError):
+        deployed.refuse_skew(plan(m3_max_model_len=2048))
+    # a record written before the card counted (no "card"): nothing known to compare, nothing refused
+    doc = deployed.load("t")
+    for e in doc["hosts"].values():
+        e["planned"]["generation"].pop("card", None)
+    assert deployed.skew_problems(plan(m3_max_model_len=2048), doc) == []
+    # without the planner the same change is a generation change into a new namespace: allowed
+    free = load_plan(INV, ["m3_max_model_len=65536"], facts=False)
+    assert free.generation.namespace == f"dynamo-{free.generation.id}"
+    _record(load_plan(INV, [], facts=False))
+    assert deployed.skew_problems(free, deployed.load(free.name)) == []
