@@ -130,28 +130,35 @@ def diff(plan: ClusterPlan, record: dict) -> list[str]:
     return out
 
 
-def deployed_generations(record: dict) -> dict[str, list[str]]:
-    """generation id -> the hosts whose Dynamo services the record says run it (records before issue 38: the
-    Dynamo version the host reported, as `dynamo <version>`)."""
-    out: dict[str, list[str]] = {}
+def _hosts_by(record: dict, key_of) -> dict:
+    """key_of(planned generation or {}, host entry) -> the record's hosts with that key (None: left out)."""
+    out: dict = {}
     for name, entry in sorted((record.get("hosts") or {}).items()):
-        g = (entry.get("planned") or {}).get("generation")
-        key = g["id"] if g else (f"dynamo {(entry.get('running') or {}).get('dynamo')}"
-                                  if (entry.get("running") or {}).get("dynamo") else "")
-        if key:
+        key = key_of((entry.get("planned") or {}).get("generation") or {}, entry)
+        if key is not None:
             out.setdefault(key, []).append(name)
     return out
 
 
+def deployed_generations(record: dict) -> dict[str, list[str]]:
+    """generation id -> the hosts whose Dynamo services the record says run it (records before issue 38: the
+    Dynamo version the host reported, as `dynamo <version>`)."""
+    def key_of(g, entry):
+        reported = (entry.get("running") or {}).get("dynamo")
+        return g["id"] if g else (f"dynamo {reported}" if reported else None)
+    return _hosts_by(record, key_of)
+
+
 def _deployed_dynamo(record: dict) -> dict[str, list[str]]:
     """Dynamo version -> the hosts the record says run it (planned generation, else the version reported)."""
-    out: dict[str, list[str]] = {}
-    for name, entry in sorted((record.get("hosts") or {}).items()):
-        g = (entry.get("planned") or {}).get("generation") or {}
-        v = g.get("dynamo_version") or (entry.get("running") or {}).get("dynamo") or ""
-        if v:
-            out.setdefault(str(v), []).append(name)
-    return out
+    return _hosts_by(record, lambda g, entry: str(g.get("dynamo_version") or (entry.get("running") or {}).get(
+        "dynamo") or "") or None)
+
+
+def _deployed_cards(record: dict) -> dict[tuple, list[str]]:
+    """The recorded model cards (sorted items) -> their hosts; a record from before the card counted (no "card"):
+    not known, left out."""
+    return _hosts_by(record, lambda g, entry: tuple(sorted(g["card"].items())) if "card" in g else None)
 
 
 def skew_problems(plan: ClusterPlan, record: dict) -> list[str]:
@@ -162,13 +169,10 @@ def skew_problems(plan: ClusterPlan, record: dict) -> list[str]:
         return []
     out = [p for old, names in _deployed_dynamo(record).items()
            for p in gen.change_problems(old, plan.dynamo_version, f"the deploy record ({', '.join(names)})")]
-    cards: dict[str, list[str]] = {}  # the recorded model cards (JSON) -> their hosts
-    for name, entry in sorted((record.get("hosts") or {}).items()):
-        g = (entry.get("planned") or {}).get("generation")
-        if g and plan.generation and "card" in g:  # a record from before the card counted: not known, not refused
-            cards.setdefault(json.dumps(g.get("card") or {}, sort_keys=True), []).append(name)
-    return out + [p for card, names in cards.items()
-                  for p in gen.card_change_problems(json.loads(card), plan.generation,
+    if not plan.generation:
+        return out
+    return out + [p for card, names in _deployed_cards(record).items()
+                  for p in gen.card_change_problems(dict(card), plan.generation,
                                                     f"the deploy record ({', '.join(names)})")]
 
 

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from m3deploy.core import catalog, planner, recipes
 
+WHAT_A_WORKER_IS = ("m3_dynamo_version", "m3_engine", "m3_image", "m3_model_id", "m3_runtime")  # of() reads them
 SUFFIX_ENV = "DYN_NAMESPACE_WORKER_SUFFIX"  # Dynamo 1.6.x: the worker's namespace is DYN_NAMESPACE + "-" + this
 
 
@@ -44,6 +45,15 @@ class Generation:
     card: Mapping[str, str] = field(default_factory=dict)  # card(): the model card's settings that are set
     namespace: str = ""  # where its workers register: dynamo-<id>, or planner.NAMESPACE (suffixed() false)
 
+    def sources(self) -> tuple[str, ...]:
+        """The settings its id comes from: what a worker is, then the model card's that are set."""
+        return (*WHAT_A_WORKER_IS, *sorted(self.card))
+
+    @property
+    def suffix(self) -> str:
+        """The workers' DYN_NAMESPACE_WORKER_SUFFIX: the id, or "" where they stay in planner.NAMESPACE."""
+        return self.id if self.namespace != planner.NAMESPACE else ""
+
     def describe(self) -> str:
         card = "".join(f", {k} {v}" for k, v in sorted(self.card.items()))
         return (f"{self.id} (dynamo {self.dynamo_version}, {self.engine} image {self.image}, "
@@ -53,18 +63,25 @@ class Generation:
 CARD_ARGS = ("m3_extra_args", "m3_unset_args")  # count only when they hold one of the card's flags
 
 
+def card_flags() -> set[str]:
+    """The engine flags the model card carries: catalog.yaml `model_card` flags and each engine's context-length
+    flag under Dynamo (engines.yaml `max_model_len`)."""
+    listed = (catalog.catalog().get("model_card") or {}).get("flags") or ()
+    context = (str(catalog.by_serving(e["max_model_len"], "dynamo")) for e in catalog.engines().values()
+               if isinstance(e, dict) and e.get("max_model_len"))
+    return {*listed, *context}
+
+
 def card(s: Mapping[str, Any]) -> dict[str, str]:
     """{key: its value as JSON} of the model card's settings (catalog.yaml `model_card`) that are set, and of
     m3_extra_args and m3_unset_args when they hold one of the card's flags (whole: what a roll back sets again;
     without one they roll in place)."""
-    spec = catalog.catalog().get("model_card") or {}
-    flags = set(spec.get("flags") or ())
-    out = {k: json.dumps(s[k], sort_keys=True) for k in spec.get("settings") or {} if s.get(k)}
-    named = {"m3_extra_args": [f for f, _ in recipes.parse_arg_list(s.get("m3_extra_args") or [])],
-             "m3_unset_args": [str(f) for f in s.get("m3_unset_args") or ()]}
-    for key in CARD_ARGS:
-        if flags & set(named[key]):
-            out[key] = json.dumps(s[key], sort_keys=True)
+    out = {k: json.dumps(s[k], sort_keys=True)
+           for k in (catalog.catalog().get("model_card") or {}).get("settings") or {} if s.get(k)}
+    flags = card_flags()
+    named = (("m3_extra_args", {f for f, _ in recipes.parse_arg_list(s.get("m3_extra_args") or [])}),
+             ("m3_unset_args", {str(f) for f in s.get("m3_unset_args") or ()}))
+    out.update((key, json.dumps(s[key], sort_keys=True)) for key, given in named if flags & given)
     return out
 
 
@@ -90,7 +107,7 @@ def card_change_problems(old_card: Mapping[str, str], new: Generation, where: st
     """The refusal of a change of the model card where the workers cannot change namespace (m3_planner: they
     stay in `dynamo`): rolled in place, Dynamo's frontend would reject every restarted worker while an old one
     serves (the deploy would stop at the first, after its readiness wait)."""
-    if new.namespace != planner.NAMESPACE or dict(old_card) == dict(new.card):
+    if new.suffix or dict(old_card) == dict(new.card):
         return []
     keys = sorted(k for k in {*old_card, *new.card} if old_card.get(k) != new.card.get(k))
     return [f"key {k}: {where} runs {old_card.get(k, 'unset')}, the plan {new.card.get(k, 'unset')}: it is in the "

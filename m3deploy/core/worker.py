@@ -202,9 +202,9 @@ def _user_overrides(c: Any, rk: Rank, r: recipes.Resolved, rules: Mapping[str, A
         r.set_arg(flag, value, f"{CLUSTER_LAYER}:m3_extra_args", where("m3_extra_args"))
     for k, v in dict(rk.host.data.get("m3_rdma_env") or {}).items():
         r.set_env(k, v, f"{CLUSTER_LAYER}:m3_rdma_env", where("m3_rdma_env", rk.host.name))
-    if c.generation and gen.suffixed(s):  # its generation's namespace, dynamo-<id> (core/generation.py)
-        r.set_env(gen.SUFFIX_ENV, c.generation.id, "plan:generation", "m3deploy/core/generation.py",
-                  "m3_dynamo_version, m3_engine, m3_image, m3_model_id, m3_runtime")
+    if c.generation and c.generation.suffix:  # its generation's namespace, dynamo-<id> (core/generation.py)
+        r.set_env(gen.SUFFIX_ENV, c.generation.suffix, "plan:generation", "m3deploy/core/generation.py",
+                  ", ".join(c.generation.sources()))
     for k, v in (s["m3_extra_env"] or {}).items():
         r.set_env(k, v, f"{CLUSTER_LAYER}:m3_extra_env", where("m3_extra_env"))
     disagg.overrides(r, s, c.pool, recipes.parse_arg_list, where("m3_disagg"))  # m3_disagg's pool: over the cluster's

@@ -64,6 +64,10 @@ def test_a_change_of_the_model_card_is_a_new_generation_and_namespace(data, key)
     g = plan.generation
     assert g.id != base.generation.id and key in g.card and key in g.describe()
     assert all(e[gen.SUFFIX_ENV] == g.id for e in _env(plan, "worker"))
+    # `plan --explain` names the key among the suffix's sources
+    r = CliRunner().invoke(main, ["plan", INV, "--no-facts", "--explain", "--data", data[0]])
+    line = next(ln for ln in r.output.splitlines() if f"env:{gen.SUFFIX_ENV}" in ln)
+    assert g.id in line and key in line.split(" from ", 1)[1], line
     # the record shows it as a generation change, and its roll back sets the key back (to its default here)
     _record(base)
     change = deployed.generation_change(plan, deployed.load(plan.name))
